@@ -1,0 +1,3 @@
+from inboxd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""The quart-trio application: wiring, authentication, error mapping and the access log.
+
+Routes live in the sibling modules; this module owns what every request goes through:
+
+- ``Authorization: Bearer <key>`` on every ``/api/v1`` route (401 with ``WWW-Authenticate``);
+- the per-key rate limit (429 with ``Retry-After``);
+- one error mapping for the whole app: ``InboxError`` and Werkzeug's HTTP errors become the JSON
+  error body of CONTRACT section 3; anything else is logged and answered with a JSON 500, never a
+  traceback or HTML.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Final, cast
+
+import attrs
+from quart import Response, current_app, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from inboxd.api.http import json_response
+from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
+from inboxd.config import Config
+from inboxd.errors import InboxError, RateLimited, Unauthorized
+from inboxd.model import Principal
+from inboxd.store import accounts
+from inboxd.store.db import Store
+from inboxd.timeutil import now_us
+
+log = logging.getLogger("inboxd.api")
+access_log = logging.getLogger("inboxd.access")
+
+_HTTP_CODES: Final = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+}
+_HTTP_MESSAGES: Final = {
+    404: "there is no such resource",
+    405: "this path does not accept that method",
+    413: "the request body is larger than the server accepts",
+}
+
+
+@attrs.define
+class AppState:
+    """What routes need from the daemon."""
+
+    store: Store
+    config: Config
+    limiter: RateLimiter
+    # key pk -> last time it was used; flushed to the store by the daemon now and then, so that a
+    # request does not pay for a write just to record lastUsedAt.
+    key_usage: dict[int, int] = attrs.Factory(dict)
+    ready: bool = True
+
+
+def state() -> AppState:
+    return cast(AppState, current_app.extensions["inboxd"])
+
+
+def principal() -> Principal:
+    return cast(Principal, g.principal)
+
+
+async def authenticate() -> None:
+    """``before_request`` of the API blueprints: resolve the key, then apply the rate limit."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
+    st = state()
+    who = await st.store.read(accounts.authenticate, token)
+    if who is None:
+        raise Unauthorized("the API key is unknown or revoked")
+    wait = st.limiter.take(who.key_pk)
+    if wait > 0:
+        raise RateLimited(
+            "too many requests for this API key; slow down", retry_after=retry_after_seconds(wait)
+        )
+    st.key_usage[who.key_pk] = now_us()
+    g.principal = who
+
+
+def _error_response(exc: InboxError) -> Response:
+    return json_response(exc.body(), exc.status, exc.headers())
+
+
+def create_app(store: Store, config: Config) -> QuartTrio:
+    from inboxd.api import inbox, messaging, ops
+
+    app = QuartTrio("inboxd")
+    app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
+    app.extensions["inboxd"] = AppState(
+        store=store,
+        config=config,
+        limiter=RateLimiter(
+            config.limits.requests_per_second, config.limits.burst, clock=time.monotonic
+        ),
+    )
+    app.register_blueprint(ops.blueprint)
+    app.register_blueprint(inbox.blueprint)
+    app.register_blueprint(messaging.blueprint)
+
+    @app.before_request
+    async def start_timer() -> None:
+        g.started = time.perf_counter()
+
+    @app.after_request
+    async def log_access(response: Response) -> Response:
+        started = getattr(g, "started", None)
+        access_log.info(
+            "request",
+            extra={
+                "method": request.method,
+                "path": request.path,
+                "status": response.status_code,
+                "ms": None if started is None else round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+        return response
+
+    @app.errorhandler(InboxError)
+    async def on_inbox_error(exc: InboxError) -> Response:
+        return _error_response(exc)
+
+    @app.errorhandler(HTTPException)
+    async def on_http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        code = _HTTP_CODES.get(status, "http_error")
+        message = _HTTP_MESSAGES.get(status) or (exc.description or exc.name)
+        headers: dict[str, Any] = {}
+        if status == 405 and getattr(exc, "valid_methods", None):
+            headers["Allow"] = ", ".join(exc.valid_methods or [])  # type: ignore[attr-defined]
+        return json_response({"error": {"code": code, "message": message}}, status, headers)
+
+    @app.errorhandler(Exception)
+    async def on_unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error", extra={"path": request.path})
+        return json_response(
+            {"error": {"code": "internal_error", "message": "the server failed; it is logged"}},
+            500,
+        )
+
+    return app

@@ -1,0 +1,160 @@
+"""Request parsing and JSON responses shared by every route.
+
+Each helper raises ``InvalidRequest`` (400), ``UnsupportedMediaType`` (415) or lets Quart raise 413,
+with a message that names the offending parameter, so clients learn what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final, TypeVar
+
+from quart import Response, request
+
+from inboxd import cursors
+from inboxd.errors import InvalidRequest, UnsupportedMediaType
+from inboxd.timeutil import BadTimestamp, parse_instant
+
+DEFAULT_LIMIT: Final = 50
+MAX_LIMIT: Final = 200
+
+T = TypeVar("T")
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def json_response(
+    obj: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(
+        dumps(obj), status=status, headers=dict(headers or {}), content_type="application/json"
+    )
+
+
+# -- query parameters ----------------------------------------------------------------------------
+
+
+def arg_limit() -> int:
+    raw = request.args.get("limit")
+    if raw is None:
+        return DEFAULT_LIMIT
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}")
+    value = int(raw)
+    return value
+
+
+def arg_cursor() -> tuple[int, int] | None:
+    raw = request.args.get("cursor")
+    if raw is None or raw == "":
+        return None
+    try:
+        return cursors.decode(raw)
+    except BadTimestamp:
+        raise InvalidRequest(
+            "cursor must be the nextCursor of the previous page (an ISO 8601 date-time)"
+        ) from None
+
+
+def arg_str(name: str, *, required: bool = False) -> str | None:
+    raw = request.args.get(name)
+    if raw is None or (raw == "" and not required):
+        if required:
+            raise InvalidRequest(f"query parameter {name} is required")
+        return None
+    return raw
+
+
+def arg_choice(name: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in choices:
+        raise InvalidRequest(f"{name} must be one of {', '.join(choices)}")
+    return raw
+
+
+def arg_bool(name: str) -> bool:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return False
+    lowered = raw.lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise InvalidRequest(f"{name} must be true or false")
+
+
+# -- bodies --------------------------------------------------------------------------------------
+
+
+async def json_body(*, required: bool = True) -> dict[str, Any]:
+    """The request body as a JSON object. An empty body is ``{}`` where no body is required."""
+    data = await request.get_data()
+    if not data:
+        if required:
+            raise InvalidRequest("the request body must be a JSON object")
+        return {}
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType("the request body must be application/json")
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("the request body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return value
+
+
+_MISSING: Final = object()
+
+
+def field(
+    body: Mapping[str, Any],
+    name: str,
+    kind: type[T] | tuple[type, ...],
+    *,
+    required: bool = False,
+    nullable: bool = False,
+    max_len: int | None = None,
+) -> Any:
+    """One body field, checked for presence and type. Booleans never pass as numbers."""
+    value = body.get(name, _MISSING)
+    if value is _MISSING:
+        if required:
+            raise InvalidRequest(f"{name} is required")
+        return None
+    if value is None:
+        if nullable or not required:
+            return None
+        raise InvalidRequest(f"{name} must not be null")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise InvalidRequest(f"{name} must be {_kind_name(kinds)}")
+    if not isinstance(value, kinds):
+        raise InvalidRequest(f"{name} must be {_kind_name(kinds)}")
+    if max_len is not None and isinstance(value, str) and len(value) > max_len:
+        raise InvalidRequest(f"{name} must be at most {max_len} characters")
+    return value
+
+
+def _kind_name(kinds: tuple[type, ...]) -> str:
+    names = {str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+    named = sorted({names.get(k, k.__name__) for k in kinds})
+    return " or ".join(named)
+
+
+def field_instant(body: Mapping[str, Any], name: str) -> int | None:
+    value = field(body, name, str)
+    if value is None:
+        return None
+    try:
+        return parse_instant(value)
+    except BadTimestamp:
+        raise InvalidRequest(
+            f"{name} must be an ISO 8601 date-time with a time zone offset"
+        ) from None

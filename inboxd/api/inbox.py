@@ -1,0 +1,115 @@
+"""Routes under /api/v1/inbox: the spec's read endpoints 1-7 and marking a conversation read."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response
+
+from inboxd import cursors, wire
+from inboxd.api.app import authenticate, principal, state
+from inboxd.api.http import (
+    arg_bool,
+    arg_choice,
+    arg_cursor,
+    arg_limit,
+    arg_str,
+    json_body,
+    json_response,
+)
+from inboxd.model import SETTABLE_STATUSES
+from inboxd.store import accounts, conversations, messages
+from inboxd.timeutil import now_us
+
+blueprint = Blueprint("inbox", __name__, url_prefix="/api/v1/inbox")
+blueprint.before_request(authenticate)
+
+
+@blueprint.get("/channels")
+async def list_channels() -> Response:
+    rows = await state().store.read(accounts.list_channels, principal())
+    return json_response([wire.channel(c) for c in rows])
+
+
+@blueprint.get("/channels/<channel_id>/assignees")
+async def list_assignees(channel_id: str) -> Response:
+    rows = await state().store.read(accounts.list_assignees, principal(), channel_id)
+    return json_response([wire.assignee(a) for a in rows])
+
+
+@blueprint.get("/conversations")
+async def list_conversations() -> Response:
+    query = conversations.ListQuery(
+        limit=arg_limit(),
+        cursor=arg_cursor(),
+        channel_id=arg_str("channelId"),
+        status=arg_choice("status", SETTABLE_STATUSES),
+        unread=arg_bool("unread"),
+        tab=arg_choice("tab", conversations.TABS, default="all") or "all",
+        assignee_id=arg_str("assigneeId"),
+    )
+    page = await state().store.read(conversations.list_page, principal(), query)
+    last = page.rows[-1] if page.rows else None
+    return json_response(
+        {
+            "data": [wire.conversation(c, with_contact=True) for c in page.rows],
+            "pagination": {
+                "hasMore": page.has_more,
+                # The spec types nextCursor as a date-time: on the last page it is still the last
+                # row's cursor (which leads to an empty page); null only when the page is empty.
+                "nextCursor": None if last is None else cursors.encode(last.sort_at, last.pk),
+                "limit": query.limit,
+            },
+        }
+    )
+
+
+@blueprint.get("/conversations/search")
+async def search_conversations() -> Response:
+    query = arg_str("query", required=True) or ""
+    channel_id = arg_str("channelId", required=True) or ""
+    limit = arg_limit()
+    result = await state().store.read(conversations.search, principal(), channel_id, query, limit)
+    return json_response(
+        {
+            "contacts": [wire.conversation(c, with_contact=True) for c in result.contacts],
+            "messages": [wire.conversation(c, with_contact=True) for c in result.messages],
+        }
+    )
+
+
+@blueprint.get("/conversations/counts")
+async def conversation_counts() -> Response:
+    result = await state().store.read(conversations.counts, principal(), arg_str("channelId"))
+    return json_response(wire.counts(result))
+
+
+@blueprint.get("/conversations/<conversation_id>")
+async def get_conversation(conversation_id: str) -> Response:
+    row = await state().store.read(conversations.get, principal(), conversation_id)
+    return json_response(wire.conversation(row, with_contact=True))
+
+
+@blueprint.get("/conversations/<conversation_id>/messages")
+async def list_messages(conversation_id: str) -> Response:
+    kind = arg_choice("kind", messages.KINDS, default="all") or "all"
+    limit = arg_limit()
+    cursor = arg_cursor()
+    page = await state().store.read(
+        messages.history, principal(), conversation_id, kind, limit, cursor
+    )
+    last = page.rows[-1] if page.rows else None
+    return json_response(
+        {
+            "messages": [wire.message(m) for m in page.rows],
+            "nextCursor": (
+                cursors.encode(last.created_at, last.pk) if page.has_more and last else None
+            ),
+            "hasMore": page.has_more,
+        }
+    )
+
+
+@blueprint.post("/conversations/<conversation_id>/read")
+async def mark_read(conversation_id: str) -> Response:
+    await json_body(required=False)
+    row = await state().store.write(conversations.mark_read, principal(), conversation_id, now_us())
+    return json_response(wire.conversation(row, with_contact=False))

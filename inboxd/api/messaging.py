@@ -1,0 +1,112 @@
+"""Routes under /api/v1/messaging: how the messaging API reports messages (CONTRACT section 5).
+
+Owner key only. Ingestion appends the message, updates the conversation and journals the events in
+one transaction; forwarding to webhooks and the live feed reads them from the journal.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from quart import Blueprint, Response
+
+from inboxd import wire
+from inboxd.api.app import authenticate, principal, state
+from inboxd.api.http import field, field_instant, json_body, json_response
+from inboxd.errors import Forbidden, InvalidRequest
+from inboxd.model import DIRECTIONS, SYSTEM
+from inboxd.store import messages
+from inboxd.timeutil import now_us
+
+blueprint = Blueprint("messaging", __name__, url_prefix="/api/v1/messaging")
+blueprint.before_request(authenticate)
+
+_PHONE_CHARS: Final = re.compile(r"^\+?[\d\s()\-.]+$")
+MIN_PHONE_DIGITS: Final = 3
+MAX_PHONE_DIGITS: Final = 20
+_STATUS: Final = re.compile(r"^[A-Z][A-Z_]{0,31}$")
+_SHORT: Final = 256
+_URL: Final = 2048
+
+
+@blueprint.before_request
+async def owner_only() -> None:
+    if not principal().is_owner:
+        raise Forbidden("only the account owner's key may report messages")
+
+
+def _phone_digits(raw: str) -> str:
+    digits = re.sub(r"\D", "", raw)
+    if not _PHONE_CHARS.match(raw) or not MIN_PHONE_DIGITS <= len(digits) <= MAX_PHONE_DIGITS:
+        raise InvalidRequest(
+            f"contact.phoneNumber must be a phone number of {MIN_PHONE_DIGITS} to "
+            f"{MAX_PHONE_DIGITS} digits (spaces, dashes, dots, parentheses and a leading + are "
+            "ignored)"
+        )
+    return digits
+
+
+def _range(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = field(body, name, (int, float))
+    if value is not None and not low <= value <= high:
+        raise InvalidRequest(f"{name} must be between {low:g} and {high:g}")
+    return None if value is None else float(value)
+
+
+def parse_new_message(body: dict[str, Any]) -> messages.NewMessage:
+    channel_id = field(body, "channelId", str, required=True, max_len=_SHORT)
+    direction = field(body, "direction", str, required=True)
+    if direction not in DIRECTIONS:
+        raise InvalidRequest("direction must be INBOUND or OUTBOUND")
+    contact = field(body, "contact", dict, required=True)
+    phone = _phone_digits(field(contact, "phoneNumber", str, required=True, max_len=64))
+    type_ = field(body, "type", str, required=True, max_len=32)
+    if not type_.strip():
+        raise InvalidRequest("type must not be empty")
+    if type_.upper() == SYSTEM:
+        raise InvalidRequest("type SYSTEM is reserved for the inbox's own system events")
+    file_size = field(body, "fileSize", int)
+    if file_size is not None and file_size < 0:
+        raise InvalidRequest("fileSize must not be negative")
+    return messages.NewMessage(
+        channel_id=channel_id,
+        direction=direction,
+        phone_number=phone,
+        contact_name=field(contact, "name", str, max_len=_SHORT) or None,
+        contact_avatar=field(contact, "avatar", str, max_len=_URL),
+        type=type_,
+        content=field(body, "content", str),
+        media_url=field(body, "mediaUrl", str, max_len=_URL),
+        media_type=field(body, "mediaType", str, max_len=_SHORT),
+        file_name=field(body, "fileName", str, max_len=_SHORT),
+        file_size=file_size,
+        media_duration=_range(body, "mediaDuration", 0, 10**9),
+        thumbnail_url=field(body, "thumbnailUrl", str, max_len=_URL),
+        template_name=field(body, "templateName", str, max_len=_SHORT),
+        template_language=field(body, "templateLanguage", str, max_len=32),
+        external_id=field(body, "externalId", str, max_len=_SHORT),
+        sent_at=field_instant(body, "sentAt"),
+        quoted_message_id=field(body, "quotedMessageId", str, max_len=_SHORT),
+        latitude=_range(body, "latitude", -90, 90),
+        longitude=_range(body, "longitude", -180, 180),
+    )
+
+
+@blueprint.post("/messages")
+async def ingest_message() -> Response:
+    new = parse_new_message(await json_body())
+    result = await state().store.write(messages.ingest, principal(), new, now_us())
+    return json_response(wire.message(result.message), 201 if result.created else 200)
+
+
+@blueprint.post("/messages/<message_id>/status")
+async def set_message_status(message_id: str) -> Response:
+    body = await json_body()
+    status = field(body, "status", str, required=True).upper()
+    if not _STATUS.match(status):
+        raise InvalidRequest("status must be a word like SENT, DELIVERED, READ or FAILED")
+    message = await state().store.write(
+        messages.set_status, principal(), message_id, status, now_us()
+    )
+    return json_response(wire.message(message))

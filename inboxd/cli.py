@@ -1,0 +1,316 @@
+"""The ``inboxd`` command line (CONTRACT section 1).
+
+Results are JSON on stdout; errors are one line on stderr with exit code 2 for usage and 1 for
+everything else, never a traceback. ``--data`` may come from ``INBOXD_DATA``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import trio
+
+from inboxd import __version__, logs, wire
+from inboxd.config import Config, ConfigError
+from inboxd.errors import InboxError, StoreError
+from inboxd.store import accounts
+from inboxd.store.db import Store, store_exists
+from inboxd.timeutil import now_us
+
+log = logging.getLogger("inboxd.cli")
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def _emit(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    value = args.data or os.environ.get("INBOXD_DATA")
+    if not value:
+        raise UsageError("--data DIR is required (or set INBOXD_DATA)")
+    return Path(value).expanduser()
+
+
+def _open(args: argparse.Namespace) -> Store:
+    return Store.open(_data_dir(args), readers=1)
+
+
+def _init_store(data_dir: Path, owner_email: str, owner_name: str) -> dict[str, str] | None:
+    """Create the store and its account; None when one was already there."""
+    store = Store.open(data_dir, create=True, readers=1)
+    try:
+        if store.read_sync(accounts.account_exists):
+            return None
+        new = store.write_sync(accounts.create_account, owner_email, owner_name, now_us())
+        return {
+            "accountId": new.account_id,
+            "ownerUserId": new.owner_user_id,
+            "apiKey": new.api_key,
+        }
+    finally:
+        store.close()
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    created = _init_store(data_dir, args.owner_email, args.owner_name)
+    if created is None:
+        print(f"inboxd: a store already exists in {data_dir}; left as it is", file=sys.stderr)
+        return 0
+    _emit(created)
+    print(
+        f"inboxd: store created in {data_dir}; the API key above is shown only once",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from inboxd import daemon
+
+    data_dir = _data_dir(args)
+    config = Config.load(args.config)
+    logs.setup(config.log.level)
+    if not store_exists(data_dir):
+        # One command from nothing to a running daemon: the first serve creates the store and
+        # prints the owner's key, like ``init``.
+        created = _init_store(data_dir, "owner@localhost", "Owner")
+        if created is not None:
+            _emit(created)
+            log.info("store created; the owner's API key was printed on stdout, once")
+    else:
+        # Migrate (and refuse a newer store) before the daemon starts, with a clear error.
+        Store.open(data_dir, readers=1).close()
+
+    async def main() -> None:
+        shutdown = trio.Event()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def on_signals() -> None:
+                    async for signum in signals:
+                        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+                        shutdown.set()
+
+                nursery.start_soon(on_signals)
+                await daemon.run(data_dir, config, shutdown, bind=args.bind)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return 0
+
+
+def cmd_channel_add(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+
+        def add(conn: Any) -> Any:
+            return accounts.create_channel(
+                conn, accounts.the_account_pk(conn), args.name, args.type, now_us()
+            )
+
+        channel = store.write_sync(add)
+    finally:
+        store.close()
+    _emit(wire.channel(channel))
+    return 0
+
+
+def cmd_channel_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+        rows = store.read_sync(
+            lambda conn: conn.execute(
+                "SELECT id, name, status, type FROM channels ORDER BY pk"
+            ).fetchall()
+        )
+    finally:
+        store.close()
+    _emit([dict(r) for r in rows])
+    return 0
+
+
+def cmd_user_add(args: argparse.Namespace) -> int:
+    channel_ids = [c.strip() for c in (args.channels or "").split(",") if c.strip()]
+    store = _open(args)
+    try:
+
+        def add(conn: Any) -> Any:
+            return accounts.create_operator(
+                conn, accounts.the_account_pk(conn), args.email, args.name, channel_ids, now_us()
+            )
+
+        new = store.write_sync(add)
+    finally:
+        store.close()
+    _emit({"userId": new.user_id, "memberId": new.member_id, "apiKey": new.api_key})
+    return 0
+
+
+def cmd_key_create(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+
+        def create(conn: Any) -> Any:
+            account_pk = accounts.the_account_pk(conn)
+            user_pk = accounts.find_user_pk(conn, account_pk, args.user)
+            return accounts.create_key(conn, account_pk, user_pk, now_us())
+
+        key = store.write_sync(create)
+    finally:
+        store.close()
+    _emit({"apiKey": key.api_key, "keyId": key.key_id, "prefix": key.prefix})
+    return 0
+
+
+def cmd_key_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+
+        def list_(conn: Any) -> Any:
+            account_pk = accounts.the_account_pk(conn)
+            user_pk = (
+                None if args.user is None else accounts.find_user_pk(conn, account_pk, args.user)
+            )
+            return accounts.list_keys(conn, account_pk, user_pk)
+
+        keys = store.read_sync(list_)
+    finally:
+        store.close()
+    _emit([wire.api_key(k) for k in keys])
+    return 0
+
+
+def cmd_key_revoke(args: argparse.Namespace) -> int:
+    store = _open(args)
+    try:
+
+        def revoke(conn: Any) -> bool:
+            return accounts.revoke_key(conn, accounts.the_account_pk(conn), args.key_id, now_us())
+
+        changed = store.write_sync(revoke)
+    finally:
+        store.close()
+    _emit({"keyId": args.key_id, "revoked": True, "alreadyRevoked": not changed})
+    return 0
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    out = Path(args.out_file).expanduser()
+    if out.is_dir():
+        raise UsageError(f"{out} is a directory; name the backup file")
+    store = _open(args)
+    tmp = out.with_name(out.name + ".partial")
+    show = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            print(f"\rbackup: {done}/{total} pages", end="", file=sys.stderr, flush=True)
+
+    try:
+        tmp.unlink(missing_ok=True)
+        store.backup_to(tmp, progress)
+        os.replace(tmp, out)  # the named file is either the old one or a complete copy
+    finally:
+        store.close()
+        tmp.unlink(missing_ok=True)
+    if show:
+        print(file=sys.stderr)
+    _emit({"file": str(out), "bytes": out.stat().st_size})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="inboxd", description="Self-hosted inbox management service.")
+    parser.add_argument("--version", action="version", version=f"inboxd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def with_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--data", help="data directory (default: $INBOXD_DATA)")
+        return p
+
+    def handler(p: argparse.ArgumentParser, fn: Callable[[argparse.Namespace], int]) -> None:
+        p.set_defaults(handler=fn)
+
+    p = with_data(sub.add_parser("init", help="create the store and print the owner's API key"))
+    p.add_argument("--owner-email", default="owner@localhost")
+    p.add_argument("--owner-name", default="Owner")
+    handler(p, cmd_init)
+
+    p = with_data(sub.add_parser("serve", help="run the daemon in the foreground"))
+    p.add_argument("--config", help="TOML config file (see config/inboxd.toml)")
+    p.add_argument("--bind", help="HOST:PORT to listen on (default: server.bind, 127.0.0.1:8080)")
+    handler(p, cmd_serve)
+
+    channel = sub.add_parser("channel", help="manage channels").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = with_data(channel.add_parser("add", help="add a channel; prints it as JSON"))
+    p.add_argument("--name", required=True)
+    p.add_argument("--type", default="WHATSAPP", help="channel type (default WHATSAPP)")
+    handler(p, cmd_channel_add)
+    handler(with_data(channel.add_parser("list", help="list channels")), cmd_channel_list)
+
+    user = sub.add_parser("user", help="manage operators").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = with_data(user.add_parser("add", help="add an operator directly (no invite)"))
+    p.add_argument("--email", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--channels", help="comma-separated channel ids the operator can open")
+    handler(p, cmd_user_add)
+
+    key = sub.add_parser("key", help="manage API keys").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = with_data(key.add_parser("create", help="create a key for a user; shown once"))
+    p.add_argument("--user", required=True, help="user id or email")
+    handler(p, cmd_key_create)
+    p = with_data(key.add_parser("list", help="list keys (never the keys themselves)"))
+    p.add_argument("--user", help="only this user's keys (id or email)")
+    handler(p, cmd_key_list)
+    p = with_data(key.add_parser("revoke", help="revoke a key by its id"))
+    p.add_argument("key_id")
+    handler(p, cmd_key_revoke)
+
+    p = with_data(sub.add_parser("backup", help="consistent online copy of the store"))
+    p.add_argument("out_file")
+    handler(p, cmd_backup)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        result: int = args.handler(args)
+        return result
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except (InboxError, StoreError, ConfigError) as exc:
+        message = getattr(exc, "message", None) or str(exc)
+        print(f"inboxd: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"inboxd: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1

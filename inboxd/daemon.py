@@ -1,0 +1,96 @@
+"""The daemon's root nursery: the design card in code.
+
+::
+
+    run()
+    └── nursery
+        ├── hypercorn (trio worker) serving the quart-trio app    (API, and later the feed)
+        └── key-usage flusher                                      (lastUsedAt, batched)
+
+``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
+after ``shutdown`` is set: hypercorn stops accepting, lets in-flight requests finish (at most
+``server.shutdown_timeout``), the other tasks are cancelled, pending writes are flushed and the store
+is closed. Every long-running task handles its own errors, so one failing task never takes the API
+down with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import Final
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from inboxd.api.app import AppState, create_app
+from inboxd.config import Config
+from inboxd.store import accounts
+from inboxd.store.db import Store
+
+log = logging.getLogger("inboxd.daemon")
+
+KEY_USAGE_FLUSH_SECONDS: Final = 30.0
+
+
+def hypercorn_config(config: Config, bind: str) -> HyperConfig:
+    hc = HyperConfig()
+    hc.bind = [bind]
+    hc.accesslog = None  # the app writes its own JSON access log
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.graceful_timeout = config.server.shutdown_timeout
+    hc.h11_max_incomplete_size = 64 * 1024
+    hc.server_names = []
+    return hc
+
+
+async def _flush_key_usage(app_state: AppState) -> None:
+    if not app_state.key_usage:
+        return
+    used, app_state.key_usage = app_state.key_usage, {}
+    try:
+        await app_state.store.write(accounts.touch_keys, used)
+    except Exception:  # lastUsedAt is informational: never let it stop the daemon
+        log.exception("could not record key usage")
+
+
+async def _key_usage_flusher(app_state: AppState) -> None:
+    while True:
+        await trio.sleep(KEY_USAGE_FLUSH_SECONDS)
+        await _flush_key_usage(app_state)
+
+
+async def run(
+    data_dir: Path,
+    config: Config,
+    shutdown: trio.Event,
+    *,
+    bind: str | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until ``shutdown`` is set. Reports the bound URLs when ready."""
+    store = await trio.to_thread.run_sync(partial(Store.open, data_dir, create=False))
+    app = create_app(store, config)
+    app_state: AppState = app.extensions["inboxd"]
+    hc = hypercorn_config(config, bind or config.server.bind)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def serve_api(
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+            ) -> None:
+                await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
+                # hypercorn has drained its connections: the rest of the daemon can stop now.
+                nursery.cancel_scope.cancel()
+
+            urls: list[str] = await nursery.start(serve_api)
+            nursery.start_soon(_key_usage_flusher, app_state)
+            log.info("listening", extra={"urls": urls, "data": str(data_dir)})
+            task_status.started(urls)
+    finally:
+        with trio.CancelScope(shield=True):
+            await _flush_key_usage(app_state)
+        store.close()
+        log.info("stopped")

@@ -1,0 +1,278 @@
+"""SQL for reading conversations: one, a filtered page, search, counts; and marking read."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+
+from inboxd.errors import NotFound
+from inboxd.model import OPEN, Contact, Conversation, Counts, Principal, UserRef
+from inboxd.store import events
+from inboxd.store.accounts import visible_channel
+
+_SELECT: Final = """
+SELECT c.pk, c.id, c.channel_pk, ch.id AS channel_id, ch.type AS channel_type,
+       ct.id AS contact_id, ct.phone_number, ct.name AS contact_name, ct.avatar AS contact_avatar,
+       c.status, u.id AS assignee_id, u.name AS assignee_name, u.avatar AS assignee_avatar,
+       c.is_blocked, c.title, c.tags, c.unread_count, c.last_message_at, c.last_message_preview,
+       c.last_message_type, c.last_message_direction, c.last_message_status,
+       c.last_customer_message_at, c.sort_at, c.created_at, c.updated_at
+FROM conversations c
+JOIN channels ch ON ch.pk = c.channel_pk
+JOIN contacts ct ON ct.pk = c.contact_pk
+LEFT JOIN users u ON u.pk = c.assigned_to_pk
+"""
+
+
+def _conversation(r: sqlite3.Row) -> Conversation:
+    assignee = (
+        None
+        if r["assignee_id"] is None
+        else UserRef(id=r["assignee_id"], name=r["assignee_name"], avatar=r["assignee_avatar"])
+    )
+    return Conversation(
+        pk=r["pk"],
+        id=r["id"],
+        channel_pk=r["channel_pk"],
+        channel_id=r["channel_id"],
+        channel_type=r["channel_type"],
+        contact=Contact(
+            id=r["contact_id"],
+            phone_number=r["phone_number"],
+            name=r["contact_name"],
+            avatar=r["contact_avatar"],
+        ),
+        status=r["status"],
+        assigned_user=assignee,
+        is_blocked=bool(r["is_blocked"]),
+        title=r["title"],
+        tags=tuple(json.loads(r["tags"])),
+        unread_count=r["unread_count"],
+        last_message_at=r["last_message_at"],
+        last_message_preview=r["last_message_preview"],
+        last_message_type=r["last_message_type"],
+        last_message_direction=r["last_message_direction"],
+        last_message_status=r["last_message_status"],
+        last_customer_message_at=r["last_customer_message_at"],
+        sort_at=r["sort_at"],
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+    )
+
+
+def load(conn: sqlite3.Connection, pks: Sequence[int]) -> list[Conversation]:
+    """Conversations by pk, in the order given."""
+    if not pks:
+        return []
+    marks = ",".join("?" * len(pks))
+    rows = conn.execute(f"{_SELECT} WHERE c.pk IN ({marks})", list(pks)).fetchall()
+    by_pk = {r["pk"]: _conversation(r) for r in rows}
+    return [by_pk[pk] for pk in pks if pk in by_pk]
+
+
+def get(conn: sqlite3.Connection, who: Principal, conversation_id: str) -> Conversation:
+    """One conversation the principal can see; NotFound otherwise."""
+    row = conn.execute(
+        f"{_SELECT} WHERE c.id = ? AND c.account_pk = ?", (conversation_id, who.account_pk)
+    ).fetchone()
+    if row is None or not who.can_open(row["channel_pk"]):
+        raise NotFound(f"conversation {conversation_id} does not exist")
+    return _conversation(row)
+
+
+# -- the list ------------------------------------------------------------------------------------
+
+TABS: Final = ("mine_open", "unassigned", "all")
+
+
+@attrs.frozen
+class ListQuery:
+    limit: int
+    cursor: tuple[int, int] | None = None
+    channel_id: str | None = None
+    status: str | None = None
+    unread: bool = False
+    tab: str = "all"
+    assignee_id: str | None = None
+
+
+@attrs.frozen
+class Page:
+    rows: list[Conversation]
+    has_more: bool
+
+
+def _scope(
+    conn: sqlite3.Connection, who: Principal, channel_id: str | None
+) -> tuple[list[str], list[object]] | None:
+    """WHERE terms limiting conversations to what the principal may see (None: nothing)."""
+    if channel_id is not None:
+        return ["c.channel_pk = ?"], [visible_channel(conn, who, channel_id).pk]
+    if who.channel_pks is None:
+        return ["c.account_pk = ?"], [who.account_pk]
+    if not who.channel_pks:
+        return None
+    pks = sorted(who.channel_pks)
+    return [f"c.channel_pk IN ({','.join('?' * len(pks))})"], list(pks)
+
+
+def list_page(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> Page:
+    """A page of conversations, newest lastMessageAt (else createdAt) first."""
+    scope = _scope(conn, who, q.channel_id)
+    if scope is None:
+        return Page(rows=[], has_more=False)
+    where, params = scope
+    if q.status is not None:
+        where.append("c.status = ?")
+        params.append(q.status)
+    if q.unread:
+        where.append("c.unread_count > 0")
+    if q.tab == "mine_open":
+        where += ["c.status = ?", "c.assigned_to_pk = ?"]
+        params += [OPEN, who.user_pk]
+    elif q.tab == "unassigned":
+        where += ["c.status = ?", "c.assigned_to_pk IS NULL"]
+        params.append(OPEN)
+    if q.assignee_id is not None:
+        row = conn.execute(
+            "SELECT pk FROM users WHERE id = ? AND account_pk = ?", (q.assignee_id, who.account_pk)
+        ).fetchone()
+        if row is None:
+            return Page(rows=[], has_more=False)
+        where.append("c.assigned_to_pk = ?")
+        params.append(row["pk"])
+    if q.cursor is not None:
+        where.append("(c.sort_at, c.pk) < (?, ?)")
+        params += list(q.cursor)
+    params.append(q.limit + 1)
+    pks = [
+        r[0]
+        for r in conn.execute(
+            f"SELECT c.pk FROM conversations c WHERE {' AND '.join(where)}"
+            " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?",
+            params,
+        )
+    ]
+    return Page(rows=load(conn, pks[: q.limit]), has_more=len(pks) > q.limit)
+
+
+# -- search --------------------------------------------------------------------------------------
+
+MIN_QUERY_LEN: Final = 3
+_PHONE_LIKE: Final = re.compile(r"^[\d\s+()\-.]+$")
+
+
+@attrs.frozen
+class SearchResult:
+    contacts: list[Conversation]
+    messages: list[Conversation]
+
+
+def _phrase(text: str) -> str:
+    """An FTS5 phrase: with the trigram tokenizer, a case-insensitive substring match."""
+    return '"' + text.replace('"', '""') + '"'
+
+
+def search(
+    conn: sqlite3.Connection, who: Principal, channel_id: str, query: str, limit: int
+) -> SearchResult:
+    """Conversations of one channel whose contact (name, phone digits) or message text matches.
+
+    A conversation found by its contact is not repeated among the message matches. Both lists are
+    newest first. Both go through trigram indexes, never a scan of the channel's rows.
+    """
+    channel = visible_channel(conn, who, channel_id)
+    text = query.strip()
+    if len(text) < MIN_QUERY_LEN:
+        return SearchResult(contacts=[], messages=[])
+    contact_match = f"name : {_phrase(text)}"
+    digits = re.sub(r"\D", "", text)
+    if _PHONE_LIKE.match(text) and len(digits) >= MIN_QUERY_LEN:
+        contact_match += f" OR phone_number : {_phrase(digits)}"
+    contact_pks = [
+        r[0]
+        for r in conn.execute(
+            "SELECT c.pk FROM conversations c WHERE c.contact_pk IN ("
+            "  SELECT ct.pk FROM contacts_fts f JOIN contacts ct ON ct.pk = f.rowid"
+            "  WHERE contacts_fts MATCH ? AND ct.channel_pk = ?)"
+            " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?",
+            (contact_match, channel.pk, limit),
+        )
+    ]
+    # Message matches skip every contact match, not only the ones on the first page of contacts.
+    message_pks = [
+        r[0]
+        for r in conn.execute(
+            "SELECT c.pk FROM conversations c JOIN contacts ct ON ct.pk = c.contact_pk"
+            " WHERE c.pk IN ("
+            "  SELECT m.conversation_pk FROM messages_fts f JOIN messages m ON m.pk = f.rowid"
+            "  WHERE messages_fts MATCH ? AND m.channel_pk = ?)"
+            " AND ct.pk NOT IN ("
+            "  SELECT f2.rowid FROM contacts_fts f2 WHERE contacts_fts MATCH ?)"
+            " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?",
+            (_phrase(text), channel.pk, contact_match, limit),
+        )
+    ]
+    return SearchResult(contacts=load(conn, contact_pks), messages=load(conn, message_pks))
+
+
+# -- counts --------------------------------------------------------------------------------------
+
+
+def counts(conn: sqlite3.Connection, who: Principal, channel_id: str | None) -> Counts:
+    """mine_open, unassigned and all, read from the trigger-maintained counters."""
+    if channel_id is not None:
+        channel_pks = [visible_channel(conn, who, channel_id).pk]
+    elif who.channel_pks is None:
+        channel_pks = [
+            r[0]
+            for r in conn.execute("SELECT pk FROM channels WHERE account_pk = ?", (who.account_pk,))
+        ]
+    else:
+        channel_pks = sorted(who.channel_pks)
+    if not channel_pks:
+        return Counts(mine_open=0, unassigned=0, all=0)
+    marks = ",".join("?" * len(channel_pks))
+    row = conn.execute(
+        "SELECT"
+        "  coalesce(sum(CASE WHEN status = ? AND assignee_pk = ? THEN n END), 0),"
+        "  coalesce(sum(CASE WHEN status = ? AND assignee_pk = 0 THEN n END), 0),"
+        "  coalesce(sum(n), 0)"
+        f" FROM conversation_counts WHERE channel_pk IN ({marks})",
+        [OPEN, who.user_pk, OPEN, *channel_pks],
+    ).fetchone()
+    return Counts(mine_open=row[0], unassigned=row[1], all=row[2])
+
+
+# -- writes --------------------------------------------------------------------------------------
+
+
+def mark_read(
+    conn: sqlite3.Connection, who: Principal, conversation_id: str, now: int
+) -> Conversation:
+    """Clear the unread counter; journal ``inbox.conversation.read`` when it changed anything."""
+    conversation = get(conn, who, conversation_id)
+    if conversation.unread_count == 0:
+        return conversation
+    conn.execute(
+        "UPDATE conversations SET unread_count = 0, updated_at = ? WHERE pk = ?",
+        (now, conversation.pk),
+    )
+    events.append(
+        conn,
+        who.account_pk,
+        conversation.channel_pk,
+        events.CONVERSATION_READ,
+        {
+            "conversationId": conversation.id,
+            "channelId": conversation.channel_id,
+            "actorUserId": who.user_id,
+        },
+        now,
+    )
+    return attrs.evolve(conversation, unread_count=0, updated_at=now)

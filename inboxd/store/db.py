@@ -1,0 +1,179 @@
+"""The SQLite store: one writer connection, a small pool of read-only readers, WAL on disk.
+
+SQL lives in plain sync functions ``fn(conn, *args)`` (see the sibling modules) so they can be
+tested without trio and called from the CLI. The daemon runs them off the trio loop:
+
+- ``await store.write(fn, ...)`` runs ``fn`` on the single writer connection inside
+  ``BEGIN IMMEDIATE ... COMMIT`` in a worker thread, one at a time (a ``CapacityLimiter(1)``). A state
+  change, its SYSTEM message and its journal event are one call, so they commit together or not at
+  all. The default ``abandon_on_cancel=False`` means a cancelled caller still lets the commit finish.
+- ``await store.read(fn, ...)`` runs ``fn`` on one of the reader connections inside a read
+  transaction (one consistent snapshot), several at a time.
+
+Durability: ``synchronous=FULL`` in WAL mode fsyncs the log on every commit, so a commit that has
+returned survives a power cut (NORMAL could lose the last commits). CLI commands may write to the
+same file while the daemon runs; ``busy_timeout`` makes them wait their turn.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, ParamSpec, TypeVar
+
+import trio
+
+from inboxd.errors import StoreError
+from inboxd.store.schema import MIGRATIONS
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+DB_FILE: Final = "inboxd.db"
+BUSY_TIMEOUT_MS: Final = 10_000
+DEFAULT_READERS: Final = 4
+
+
+def db_path(data_dir: Path) -> Path:
+    return data_dir / DB_FILE
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves. check_same_thread=False: trio's
+    # worker threads are pooled, so one connection is used from several threads (never at once).
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+    )
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA cache_size = -65536")  # 64 MiB of page cache per connection
+    conn.execute("PRAGMA temp_store = MEMORY")
+    if readonly:
+        conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def store_exists(data_dir: Path) -> bool:
+    return db_path(data_dir).is_file()
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the migrations this store has not had yet; return how many were applied."""
+    version = schema_version(conn)
+    if version > len(MIGRATIONS):
+        raise StoreError(
+            f"this store has schema version {version}, newer than this inboxd understands "
+            f"({len(MIGRATIONS)}); run a newer inboxd"
+        )
+    applied = 0
+    for number in range(version + 1, len(MIGRATIONS) + 1):
+        # executescript runs the whole migration and the version bump as one transaction.
+        conn.executescript(
+            "BEGIN IMMEDIATE;\n"
+            + MIGRATIONS[number - 1]
+            + f"\nPRAGMA user_version = {number};\nCOMMIT;"
+        )
+        applied += 1
+    return applied
+
+
+def run_in_transaction(
+    conn: sqlite3.Connection, begin: str, fn: Callable[..., T], *args: object
+) -> T:
+    conn.execute(begin)
+    try:
+        result = fn(conn, *args)
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+class Store:
+    """An open store. Create it with ``Store.open``; ``close()`` it when done."""
+
+    def __init__(self, data_dir: Path, readers: int = DEFAULT_READERS) -> None:
+        self.data_dir = data_dir
+        self.path = db_path(data_dir)
+        self._writer = _connect(self.path, readonly=False)
+        self._readers = [_connect(self.path, readonly=True) for _ in range(readers)]
+        self._write_limiter = trio.CapacityLimiter(1)
+        self._read_limiter = trio.CapacityLimiter(readers)
+
+    @classmethod
+    def open(cls, data_dir: Path, *, create: bool = False, readers: int = DEFAULT_READERS) -> Store:
+        """Open (and with ``create``, make) the store in ``data_dir``; migrate it forward."""
+        if not store_exists(data_dir):
+            if not create:
+                raise StoreError(f"no inboxd store in {data_dir} (run 'inboxd init --data DIR')")
+            data_dir.mkdir(parents=True, exist_ok=True)
+        elif not data_dir.is_dir():
+            raise StoreError(f"{data_dir} is not a directory")
+        try:
+            boot = _connect(db_path(data_dir), readonly=False)
+            try:
+                mode = boot.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode != "wal":
+                    raise StoreError(f"could not switch {db_path(data_dir)} to WAL mode")
+                migrate(boot)
+            finally:
+                boot.close()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{db_path(data_dir)} is not a usable inboxd store: {exc}") from None
+        return cls(data_dir, readers)
+
+    def close(self) -> None:
+        for conn in [self._writer, *self._readers]:
+            conn.close()
+
+    # -- sync access (CLI, tests) --------------------------------------------------------------
+
+    def write_sync(self, fn: Callable[..., T], *args: object) -> T:
+        return run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
+
+    def read_sync(self, fn: Callable[..., T], *args: object) -> T:
+        return run_in_transaction(self._readers[0], "BEGIN", fn, *args)
+
+    # -- async access (the daemon) -------------------------------------------------------------
+
+    async def write(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(conn, *args)`` in one write transaction, off the trio loop."""
+        async with self._write_limiter:
+            return await trio.to_thread.run_sync(
+                run_in_transaction, self._writer, "BEGIN IMMEDIATE", fn, *args
+            )
+
+    async def read(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(conn, *args)`` on a reader in one snapshot, off the trio loop."""
+        async with self._read_limiter:
+            conn = self._readers.pop()
+            try:
+                return await trio.to_thread.run_sync(run_in_transaction, conn, "BEGIN", fn, *args)
+            finally:
+                self._readers.append(conn)
+
+    def backup_to(self, target: Path, progress: Callable[[int, int], None] | None = None) -> None:
+        """A consistent online copy of the store (SQLite's backup API), safe while serving."""
+        dest = sqlite3.connect(target)
+        try:
+            src = _connect(self.path, readonly=True)
+            try:
+
+                def report(status: int, remaining: int, total: int) -> None:
+                    if progress is not None:
+                        progress(total - remaining, total)
+
+                src.backup(dest, pages=1024, progress=report)
+            finally:
+                src.close()
+        finally:
+            dest.close()

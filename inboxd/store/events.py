@@ -1,0 +1,86 @@
+"""SQL for the append-only event journal.
+
+Each change appends its event inside the transaction that makes the change, so an event exists if
+and only if its change committed. The envelope ``{id, type, createdAt, data}`` is serialised here,
+once; deliveries and the feed send those bytes (CONTRACT section 6).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from typing import Final
+
+import attrs
+
+from inboxd import ids
+from inboxd.timeutil import format_us
+
+# Event types (spec "Event types and data fields", CONTRACT section 8).
+STATUS_CHANGED: Final = "inbox.conversation.status_changed"
+ASSIGNED: Final = "inbox.conversation.assigned"
+UNASSIGNED: Final = "inbox.conversation.unassigned"
+BLOCKED: Final = "inbox.conversation.blocked"
+UNBLOCKED: Final = "inbox.conversation.unblocked"
+TITLE_CHANGED: Final = "inbox.conversation.title_changed"
+CONVERSATION_READ: Final = "inbox.conversation.read"
+MESSAGE_CREATED: Final = "inbox.message.created"
+MESSAGE_STATUS_CHANGED: Final = "inbox.message.status_changed"
+
+
+@attrs.frozen
+class JournalEvent:
+    seq: int
+    id: str
+    type: str
+    channel_pk: int | None
+    created_at: int
+    body: bytes
+
+
+def encode_envelope(
+    event_id: str, type_: str, created_at: int, data: Mapping[str, object]
+) -> bytes:
+    envelope = {"id": event_id, "type": type_, "createdAt": format_us(created_at), "data": data}
+    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def append(
+    conn: sqlite3.Connection,
+    account_pk: int,
+    channel_pk: int | None,
+    type_: str,
+    data: Mapping[str, object],
+    now: int,
+) -> int:
+    """Append one event; returns its seq."""
+    event_id = ids.new_id("evt")
+    body = encode_envelope(event_id, type_, now, data)
+    cur = conn.execute(
+        "INSERT INTO events (id, account_pk, channel_pk, type, created_at, body)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (event_id, account_pk, channel_pk, type_, now, body),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def read_after(
+    conn: sqlite3.Connection, account_pk: int, after_seq: int, limit: int
+) -> list[JournalEvent]:
+    rows = conn.execute(
+        "SELECT seq, id, type, channel_pk, created_at, body FROM events"
+        " WHERE account_pk = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (account_pk, after_seq, limit),
+    ).fetchall()
+    return [
+        JournalEvent(
+            seq=r["seq"],
+            id=r["id"],
+            type=r["type"],
+            channel_pk=r["channel_pk"],
+            created_at=r["created_at"],
+            body=bytes(r["body"]),
+        )
+        for r in rows
+    ]

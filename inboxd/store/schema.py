@@ -1,0 +1,233 @@
+"""The store's schema, as forward-only migrations.
+
+``PRAGMA user_version`` holds how many migrations a store has had. ``serve`` and ``init`` apply the
+missing ones in one transaction each; a store whose version is higher than ``len(MIGRATIONS)`` was
+written by a newer inboxd and is refused (CONTRACT section 9).
+
+Conventions:
+- Every table has an integer ``pk`` (the rowid, used in joins and as the pagination tie-breaker) and,
+  where the API names rows, a public opaque ``id``.
+- Every row carries ``account_pk`` directly or through its channel, so a query always starts from
+  the caller's account and never sees another account's rows.
+- Instants are integer microseconds since the Unix epoch, UTC.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+_V1: Final = """
+CREATE TABLE accounts (
+    pk          INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    name        TEXT NOT NULL,
+    created_at  INTEGER NOT NULL
+);
+
+CREATE TABLE users (
+    pk          INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    account_pk  INTEGER NOT NULL REFERENCES accounts(pk),
+    -- Operators are account members; the owner has no member id.
+    member_id   TEXT UNIQUE,
+    email       TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    avatar      TEXT,
+    role        TEXT NOT NULL CHECK (role IN ('OWNER', 'OPERATOR')),
+    created_at  INTEGER NOT NULL,
+    -- A removed member keeps its row so that old SYSTEM messages still name their author.
+    removed_at  INTEGER
+);
+CREATE UNIQUE INDEX users_email ON users(account_pk, email COLLATE NOCASE) WHERE removed_at IS NULL;
+
+CREATE TABLE channels (
+    pk          INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    account_pk  INTEGER NOT NULL REFERENCES accounts(pk),
+    name        TEXT NOT NULL,
+    type        TEXT NOT NULL,
+    status      TEXT NOT NULL DEFAULT 'ACTIVE',
+    created_at  INTEGER NOT NULL
+);
+CREATE INDEX channels_account ON channels(account_pk, pk);
+
+-- Which channels an operator can open. The owner opens every channel and has no rows here.
+CREATE TABLE channel_access (
+    user_pk     INTEGER NOT NULL REFERENCES users(pk),
+    channel_pk  INTEGER NOT NULL REFERENCES channels(pk),
+    PRIMARY KEY (user_pk, channel_pk)
+) WITHOUT ROWID;
+CREATE INDEX channel_access_channel ON channel_access(channel_pk, user_pk);
+
+CREATE TABLE api_keys (
+    pk            INTEGER PRIMARY KEY,
+    id            TEXT NOT NULL UNIQUE,
+    account_pk    INTEGER NOT NULL REFERENCES accounts(pk),
+    user_pk       INTEGER NOT NULL REFERENCES users(pk),
+    -- SHA-256 of the key; the key itself is never stored.
+    hash          BLOB NOT NULL UNIQUE,
+    prefix        TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    last_used_at  INTEGER,
+    revoked_at    INTEGER
+);
+CREATE INDEX api_keys_user ON api_keys(user_pk, pk);
+
+CREATE TABLE contacts (
+    pk            INTEGER PRIMARY KEY,
+    id            TEXT NOT NULL UNIQUE,
+    account_pk    INTEGER NOT NULL REFERENCES accounts(pk),
+    channel_pk    INTEGER NOT NULL REFERENCES channels(pk),
+    phone_number  TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    avatar        TEXT NOT NULL DEFAULT '',
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    UNIQUE (channel_pk, phone_number)
+);
+
+CREATE TABLE conversations (
+    pk                        INTEGER PRIMARY KEY,
+    id                        TEXT NOT NULL UNIQUE,
+    account_pk                INTEGER NOT NULL REFERENCES accounts(pk),
+    channel_pk                INTEGER NOT NULL REFERENCES channels(pk),
+    contact_pk                INTEGER NOT NULL UNIQUE REFERENCES contacts(pk),
+    status                    TEXT NOT NULL
+        CHECK (status IN ('OPEN', 'CLOSED', 'ASSIGNED', 'RESOLVED', 'BLOCKED')),
+    assigned_to_pk            INTEGER REFERENCES users(pk),
+    is_blocked                INTEGER NOT NULL DEFAULT 0,
+    title                     TEXT,
+    tags                      TEXT NOT NULL DEFAULT '[]',
+    unread_count              INTEGER NOT NULL DEFAULT 0,
+    last_message_pk           INTEGER,
+    last_message_at           INTEGER,
+    last_message_preview      TEXT,
+    last_message_type         TEXT,
+    last_message_direction    TEXT,
+    last_message_status       TEXT,
+    last_customer_message_at  INTEGER,
+    -- The list order: lastMessageAt, or createdAt for a conversation with no message yet.
+    sort_at                   INTEGER NOT NULL,
+    created_at                INTEGER NOT NULL,
+    updated_at                INTEGER NOT NULL
+);
+CREATE INDEX conversations_account_sort ON conversations(account_pk, sort_at, pk);
+CREATE INDEX conversations_channel_sort ON conversations(channel_pk, sort_at, pk);
+CREATE INDEX conversations_channel_status_sort ON conversations(channel_pk, status, sort_at, pk);
+CREATE INDEX conversations_assignee_sort
+    ON conversations(assigned_to_pk, status, sort_at, pk) WHERE assigned_to_pk IS NOT NULL;
+CREATE INDEX conversations_unread_sort
+    ON conversations(channel_pk, sort_at, pk) WHERE unread_count > 0;
+
+-- Counters kept by triggers, so /conversations/counts reads a handful of rows however large the
+-- store is. assignee_pk is 0 for "nobody".
+CREATE TABLE conversation_counts (
+    channel_pk   INTEGER NOT NULL,
+    status       TEXT NOT NULL,
+    assignee_pk  INTEGER NOT NULL,
+    n            INTEGER NOT NULL,
+    PRIMARY KEY (channel_pk, status, assignee_pk)
+) WITHOUT ROWID;
+
+CREATE TRIGGER conversations_count_insert AFTER INSERT ON conversations BEGIN
+    INSERT INTO conversation_counts VALUES
+        (new.channel_pk, new.status, coalesce(new.assigned_to_pk, 0), 1)
+        ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER conversations_count_update
+AFTER UPDATE OF channel_pk, status, assigned_to_pk ON conversations
+WHEN old.channel_pk IS NOT new.channel_pk OR old.status IS NOT new.status
+    OR old.assigned_to_pk IS NOT new.assigned_to_pk
+BEGIN
+    UPDATE conversation_counts SET n = n - 1
+        WHERE channel_pk = old.channel_pk AND status = old.status
+          AND assignee_pk = coalesce(old.assigned_to_pk, 0);
+    INSERT INTO conversation_counts VALUES
+        (new.channel_pk, new.status, coalesce(new.assigned_to_pk, 0), 1)
+        ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER conversations_count_delete AFTER DELETE ON conversations BEGIN
+    UPDATE conversation_counts SET n = n - 1
+        WHERE channel_pk = old.channel_pk AND status = old.status
+          AND assignee_pk = coalesce(old.assigned_to_pk, 0);
+END;
+
+CREATE TABLE messages (
+    pk                            INTEGER PRIMARY KEY,
+    id                            TEXT NOT NULL UNIQUE,
+    account_pk                    INTEGER NOT NULL REFERENCES accounts(pk),
+    conversation_pk               INTEGER NOT NULL REFERENCES conversations(pk),
+    channel_pk                    INTEGER NOT NULL REFERENCES channels(pk),
+    direction                     TEXT NOT NULL CHECK (direction IN ('INBOUND', 'OUTBOUND')),
+    type                          TEXT NOT NULL,
+    is_system                     INTEGER NOT NULL,
+    content                       TEXT,
+    media_url                     TEXT,
+    media_type                    TEXT,
+    file_name                     TEXT,
+    file_size                     INTEGER,
+    media_duration                REAL,
+    thumbnail_url                 TEXT,
+    template_name                 TEXT,
+    template_language             TEXT,
+    status                        TEXT,
+    external_id                   TEXT,
+    sent_at                       INTEGER,
+    delivered_at                  INTEGER,
+    read_at                       INTEGER,
+    created_at                    INTEGER NOT NULL,
+    system_event_source           TEXT,
+    system_event_operator_name    TEXT,
+    system_event_operator_email   TEXT,
+    -- JSON {kind, actor, target} with user references as they were when the row was written.
+    assignment_event              TEXT,
+    author_user_pk                INTEGER REFERENCES users(pk),
+    quoted_message_pk             INTEGER REFERENCES messages(pk),
+    latitude                      REAL,
+    longitude                     REAL
+);
+CREATE INDEX messages_history ON messages(conversation_pk, created_at, pk);
+CREATE INDEX messages_history_kind ON messages(conversation_pk, is_system, created_at, pk);
+CREATE UNIQUE INDEX messages_external_id
+    ON messages(channel_pk, external_id) WHERE external_id IS NOT NULL;
+
+-- Message-text search: a trigram index (substring match, case-insensitive) over the text of
+-- non-SYSTEM messages. Contentless: the text lives once, in messages; the index gives rowids.
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='', tokenize='trigram');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+WHEN new.is_system = 0 AND new.content IS NOT NULL AND new.content <> '' BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.pk, new.content);
+END;
+
+-- Contact search by name and phone digits: trigram index kept in step with contacts.
+CREATE VIRTUAL TABLE contacts_fts USING fts5(
+    name, phone_number, content='contacts', content_rowid='pk', tokenize='trigram'
+);
+CREATE TRIGGER contacts_fts_insert AFTER INSERT ON contacts BEGIN
+    INSERT INTO contacts_fts(rowid, name, phone_number)
+        VALUES (new.pk, new.name, new.phone_number);
+END;
+CREATE TRIGGER contacts_fts_update AFTER UPDATE OF name, phone_number ON contacts BEGIN
+    INSERT INTO contacts_fts(contacts_fts, rowid, name, phone_number)
+        VALUES ('delete', old.pk, old.name, old.phone_number);
+    INSERT INTO contacts_fts(rowid, name, phone_number)
+        VALUES (new.pk, new.name, new.phone_number);
+END;
+
+-- The event journal: every change appends here in the transaction that makes it. seq is the
+-- commit order; body is the webhook envelope serialised once, and those exact bytes are what
+-- every later delivery sends (CONTRACT section 6).
+CREATE TABLE events (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id           TEXT NOT NULL UNIQUE,
+    account_pk   INTEGER NOT NULL REFERENCES accounts(pk),
+    channel_pk   INTEGER REFERENCES channels(pk),
+    type         TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    body         BLOB NOT NULL
+);
+CREATE INDEX events_account ON events(account_pk, seq);
+CREATE INDEX events_created ON events(created_at);
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1,)

@@ -1,0 +1,74 @@
+"""Time on the wire and in the store.
+
+The store keeps every instant as integer microseconds since the Unix epoch (UTC): compact, exact and
+cheap to compare in indexes. The wire carries ISO 8601 UTC with a ``Z`` suffix and six fractional
+digits (CONTRACT section 2); inputs accept any ISO 8601 date-time that carries an offset.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from typing import Final
+
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US: Final = dt.timedelta(microseconds=1)
+
+# Any ISO 8601 date-time with an explicit offset. Python's fromisoformat truncates fractions past six
+# digits, so the fraction is split off here and read digit by digit (see cursors.py for why).
+_ISO_RE: Final = re.compile(
+    r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<hms>\d{2}:\d{2}(?::\d{2})?)"
+    r"(?:[.,](?P<frac>\d+))?(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)$"
+)
+
+
+def now_us() -> int:
+    """The current wall-clock time in microseconds since the epoch."""
+    return time.time_ns() // 1000
+
+
+def format_us(us: int) -> str:
+    """Microseconds since the epoch as ``2026-11-22T01:16:19.123456Z``."""
+    return (_EPOCH + us * _US).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def format_opt(us: int | None) -> str | None:
+    return None if us is None else format_us(us)
+
+
+class BadTimestamp(ValueError):
+    """Raised for a string that is not an ISO 8601 date-time with an offset."""
+
+
+def parse_iso(text: str) -> tuple[int, str]:
+    """Parse an ISO 8601 date-time with an offset.
+
+    Returns the instant in whole microseconds (truncated) and the fraction's digits past the sixth,
+    which only cursors use. Raises BadTimestamp for anything else, naive times included.
+    """
+    m = _ISO_RE.match(text.strip())
+    if m is None:
+        raise BadTimestamp(f"{text!r} is not an ISO 8601 date-time with a time zone offset")
+    frac = m["frac"] or ""
+    tz = m["tz"]
+    if tz in ("Z", "z"):
+        tz = "+00:00"
+    elif len(tz) == 3:
+        tz += ":00"
+    elif ":" not in tz:
+        tz = tz[:3] + ":" + tz[3:]
+    hms = m["hms"] if m["hms"].count(":") == 2 else m["hms"] + ":00"
+    try:
+        base = dt.datetime.fromisoformat(f"{m['date']}T{hms}{tz}")
+    except ValueError as exc:
+        raise BadTimestamp(f"{text!r} is not a valid date-time") from exc
+    micros = int((frac + "000000")[:6])
+    delta = base - _EPOCH
+    us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + micros
+    return us, frac[6:]
+
+
+def parse_instant(text: str) -> int:
+    """An ISO 8601 date-time with an offset, as microseconds since the epoch."""
+    return parse_iso(text)[0]
