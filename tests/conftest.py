@@ -1,0 +1,143 @@
+"""Shared fixtures.
+
+Rules for every test here: a real SQLite file under pytest's tmp_path, the real daemon serving real
+HTTP on 127.0.0.1 with port 0, real clients (httpx); no sleeping on the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from inboxd import daemon
+from inboxd.config import Config, LimitsConfig
+from inboxd.store import accounts
+from inboxd.store.db import Store
+from inboxd.timeutil import now_us
+
+
+@attrs.frozen
+class Seed:
+    """A store with an owner, two channels and operators with different access."""
+
+    data_dir: Path
+    account_id: str
+    owner_id: str
+    owner_key: str
+    sales_id: str  # channel both operators can open
+    support_id: str  # channel only the owner and ann can open
+    ann_id: str
+    ann_key: str  # operator on sales and support
+    bob_id: str
+    bob_key: str  # operator on sales only
+    eve_key: str  # operator with no channels
+
+
+def seed_store(data_dir: Path) -> Seed:
+    store = Store.open(data_dir, create=True, readers=1)
+    try:
+
+        def seed(conn: Any) -> Seed:
+            now = now_us()
+            acct = accounts.create_account(conn, "owner@example.com", "Olivia Owner", now)
+            account_pk = accounts.the_account_pk(conn)
+            sales = accounts.create_channel(conn, account_pk, "Sales", "WHATSAPP", now)
+            support = accounts.create_channel(conn, account_pk, "Support", "WHATSAPP", now)
+            ann = accounts.create_operator(
+                conn, account_pk, "ann@example.com", "Ann", [sales.id, support.id], now
+            )
+            bob = accounts.create_operator(
+                conn, account_pk, "bob@example.com", "Bob", [sales.id], now
+            )
+            eve = accounts.create_operator(conn, account_pk, "eve@example.com", "Eve", [], now)
+            return Seed(
+                data_dir=data_dir,
+                account_id=acct.account_id,
+                owner_id=acct.owner_user_id,
+                owner_key=acct.api_key,
+                sales_id=sales.id,
+                support_id=support.id,
+                ann_id=ann.user_id,
+                ann_key=ann.api_key,
+                bob_id=bob.user_id,
+                bob_key=bob.api_key,
+                eve_key=eve.api_key,
+            )
+
+        return store.write_sync(seed)
+    finally:
+        store.close()
+
+
+def test_config(**limits: Any) -> Config:
+    # Rate limiting is off unless a test turns it on: tests ingest hundreds of messages quickly.
+    return Config(limits=LimitsConfig(requests_per_second=0, burst=1, **limits))
+
+
+test_config.__test__ = False  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> Seed:
+    return seed_store(tmp_path / "data")
+
+
+@pytest.fixture
+def config() -> Config:
+    return test_config()
+
+
+@pytest.fixture
+async def base_url(seeded: Seed, config: Config) -> AsyncIterator[str]:
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: daemon.run(
+                seeded.data_dir, config, shutdown, bind="127.0.0.1:0", task_status=task_status
+            )
+        )
+        yield urls[0]
+        shutdown.set()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def owner(base_url: str, seeded: Seed) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base_url, headers=auth(seeded.owner_key)) as client:
+        yield client
+
+
+@pytest.fixture
+async def anon(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        yield client
+
+
+@pytest.fixture
+def store(seeded: Seed) -> Iterator[Store]:
+    """A second connection to the test's store, for arranging state the API cannot set yet."""
+    s = Store.open(seeded.data_dir, readers=1)
+    yield s
+    s.close()
+
+
+async def ingest(client: httpx.AsyncClient, channel_id: str, phone: str, **extra: Any) -> Any:
+    body = {
+        "channelId": channel_id,
+        "direction": extra.pop("direction", "INBOUND"),
+        "contact": {"phoneNumber": phone, **extra.pop("contact", {})},
+        "type": extra.pop("type", "TEXT"),
+        **extra,
+    }
+    response = await client.post("/api/v1/messaging/messages", json=body)
+    assert response.status_code in (200, 201), response.text
+    return response.json()

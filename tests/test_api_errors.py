@@ -1,0 +1,187 @@
+"""Every error is the JSON body of CONTRACT section 3, with the contract's status and code."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from inboxd.config import Config, LimitsConfig, ServerConfig
+from tests.conftest import Seed, auth, ingest
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+
+
+async def test_missing_key_is_401_with_www_authenticate(anon: httpx.AsyncClient) -> None:
+    response = await anon.get("/api/v1/inbox/channels")
+    assert_error(response, 401, "unauthorized")
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(
+    "header", ["Bearer", "Basic dXNlcjpwYXNz", "Bearer ibx_not-a-real-key", "ibx_nobearer"]
+)
+async def test_malformed_or_unknown_key_is_401(anon: httpx.AsyncClient, header: str) -> None:
+    response = await anon.get("/api/v1/inbox/conversations", headers={"Authorization": header})
+    assert_error(response, 401, "unauthorized")
+
+
+async def test_unknown_path_is_404_json(owner: httpx.AsyncClient) -> None:
+    assert_error(await owner.get("/api/v1/inbox/nothing-here"), 404, "not_found")
+    assert_error(await owner.get("/nowhere"), 404, "not_found")
+
+
+async def test_wrong_method_is_405_with_allow(owner: httpx.AsyncClient) -> None:
+    response = await owner.delete("/api/v1/inbox/channels")
+    assert_error(response, 405, "method_not_allowed")
+    assert "GET" in response.headers["allow"]
+
+
+async def test_malformed_json_is_400(owner: httpx.AsyncClient) -> None:
+    response = await owner.post(
+        "/api/v1/messaging/messages",
+        content=b'{"channelId": ',
+        headers={"Content-Type": "application/json"},
+    )
+    assert_error(response, 400, "invalid_request")
+
+
+async def test_json_that_is_not_an_object_is_400(owner: httpx.AsyncClient) -> None:
+    response = await owner.post("/api/v1/messaging/messages", json=[1, 2])
+    assert_error(response, 400, "invalid_request")
+
+
+async def test_body_that_is_not_json_is_415(owner: httpx.AsyncClient) -> None:
+    response = await owner.post(
+        "/api/v1/messaging/messages", content=b"channelId=x", headers={"Content-Type": "text/plain"}
+    )
+    assert_error(response, 415, "unsupported_media_type")
+
+
+@pytest.fixture
+def config() -> Config:
+    return Config(
+        server=ServerConfig(max_body_bytes=2048), limits=LimitsConfig(requests_per_second=0)
+    )
+
+
+async def test_body_over_max_body_bytes_is_413(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    body = {
+        "channelId": seeded.sales_id,
+        "direction": "INBOUND",
+        "contact": {"phoneNumber": "15550001"},
+        "type": "TEXT",
+        "content": "x" * 5000,
+    }
+    assert_error(
+        await owner.post("/api/v1/messaging/messages", json=body), 413, "payload_too_large"
+    )
+
+
+@pytest.mark.parametrize("limit", ["0", "201", "-1", "ten", "1.5", ""])
+async def test_bad_limit_is_400(owner: httpx.AsyncClient, limit: str) -> None:
+    response = await owner.get("/api/v1/inbox/conversations", params={"limit": limit})
+    if limit == "":
+        # An empty value is not "ten": but it is not a number from 1 to 200 either.
+        assert_error(response, 400, "invalid_request")
+    else:
+        assert_error(response, 400, "invalid_request")
+        assert "limit" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/api/v1/inbox/conversations", {"cursor": "yesterday"}),
+        ("/api/v1/inbox/conversations", {"cursor": "2026-11-22T01:00:00"}),  # no offset
+        ("/api/v1/inbox/conversations", {"status": "RESOLVED"}),
+        ("/api/v1/inbox/conversations", {"status": "open"}),
+        ("/api/v1/inbox/conversations", {"tab": "mine"}),
+        ("/api/v1/inbox/conversations", {"unread": "maybe"}),
+        ("/api/v1/inbox/conversations/search", {"query": "abc"}),  # channelId missing
+    ],
+)
+async def test_bad_query_values_are_400(
+    owner: httpx.AsyncClient, path: str, params: dict[str, str]
+) -> None:
+    assert_error(await owner.get(path, params=params), 400, "invalid_request")
+
+
+async def test_unknown_query_parameters_are_ignored(owner: httpx.AsyncClient) -> None:
+    response = await owner.get("/api/v1/inbox/conversations", params={"colour": "blue"})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"direction": "SIDEWAYS"}, "direction"),
+        ({"type": "SYSTEM"}, "SYSTEM"),
+        ({"type": 5}, "type"),
+        ({"contact": {"phoneNumber": "call me"}}, "phoneNumber"),
+        ({"contact": {}}, "phoneNumber"),
+        ({"channelId": None}, "channelId"),
+        ({"sentAt": "2026-11-22 10:00"}, "sentAt"),
+        ({"latitude": 91}, "latitude"),
+        ({"fileSize": True}, "fileSize"),
+        ({"quotedMessageId": "msg_nope"}, "quotedMessageId"),
+    ],
+)
+async def test_bad_ingestion_fields_are_400_naming_the_field(
+    owner: httpx.AsyncClient, seeded: Seed, change: dict[str, object], needle: str
+) -> None:
+    body: dict[str, object] = {
+        "channelId": seeded.sales_id,
+        "direction": "INBOUND",
+        "contact": {"phoneNumber": "15550001"},
+        "type": "TEXT",
+        "content": "hi",
+    }
+    body.update(change)
+    response = await owner.post("/api/v1/messaging/messages", json=body)
+    assert_error(response, 400, "invalid_request")
+    assert needle in response.json()["error"]["message"]
+
+
+async def test_ingestion_into_unknown_channel_is_404(owner: httpx.AsyncClient) -> None:
+    body = {
+        "channelId": "ch_missing",
+        "direction": "INBOUND",
+        "contact": {"phoneNumber": "15550001"},
+        "type": "TEXT",
+    }
+    assert_error(await owner.post("/api/v1/messaging/messages", json=body), 404, "not_found")
+
+
+async def test_ingestion_with_a_user_key_is_403(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    body = {
+        "channelId": seeded.sales_id,
+        "direction": "INBOUND",
+        "contact": {"phoneNumber": "15550001"},
+        "type": "TEXT",
+    }
+    response = await owner.post(
+        "/api/v1/messaging/messages", json=body, headers=auth(seeded.bob_key)
+    )
+    assert_error(response, 403, "forbidden")
+
+
+async def test_unknown_message_status_target_is_404(owner: httpx.AsyncClient) -> None:
+    response = await owner.post(
+        "/api/v1/messaging/messages/msg_nope/status", json={"status": "READ"}
+    )
+    assert_error(response, 404, "not_found")
+
+
+async def test_bad_status_word_is_400(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    message = await ingest(owner, seeded.sales_id, "15550001", content="hi")
+    response = await owner.post(
+        f"/api/v1/messaging/messages/{message['id']}/status", json={"status": "not a status!"}
+    )
+    assert_error(response, 400, "invalid_request")

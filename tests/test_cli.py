@@ -1,0 +1,226 @@
+"""The command line of CONTRACT section 1, run the way users run it: as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def inboxd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inboxd", *args],
+        capture_output=True,
+        text=True,
+        env=env or ENV,
+        timeout=60,
+    )
+
+
+def ok(*args: str) -> Any:
+    result = inboxd(*args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_init_prints_the_owner_key_once_and_is_idempotent(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    first = ok("init", "--data", data, "--owner-email", "me@example.com", "--owner-name", "Me")
+    assert set(first) == {"accountId", "ownerUserId", "apiKey"}
+    again = inboxd("init", "--data", data)
+    assert again.returncode == 0
+    assert again.stdout == ""
+    assert "already exists" in again.stderr
+    # Keys are stored only as hashes.
+    raw = (tmp_path / "d" / "inboxd.db").read_bytes()
+    assert first["apiKey"].encode() not in raw
+
+
+def test_data_dir_from_environment(tmp_path: Path) -> None:
+    result = inboxd("init", env={**ENV, "INBOXD_DATA": str(tmp_path / "e")})
+    assert result.returncode == 0
+    assert (tmp_path / "e" / "inboxd.db").is_file()
+
+
+def test_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
+    for args in (["frobnicate"], ["channel", "add", "--data", str(tmp_path)], ["init"]):
+        result = inboxd(*args, env={k: v for k, v in ENV.items() if k != "INBOXD_DATA"})
+        assert result.returncode == 2, args
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_other_errors_exit_1_with_one_line(tmp_path: Path) -> None:
+    missing = inboxd("channel", "add", "--data", str(tmp_path / "none"), "--name", "x")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [
+        f"inboxd: no inboxd store in {tmp_path / 'none'} (run 'inboxd init --data DIR')"
+    ]
+    data = str(tmp_path / "d")
+    ok("init", "--data", data)
+    for args in (
+        ["user", "add", "--data", data, "--email", "a@x", "--name", "A", "--channels", "ch_nope"],
+        ["key", "create", "--data", data, "--user", "nobody@example.com"],
+        ["key", "revoke", "--data", data, "key_nope"],
+    ):
+        result = inboxd(*args)
+        assert result.returncode == 1, args
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_newer_store_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    ok("init", "--data", str(data))
+    with sqlite3.connect(data / "inboxd.db") as conn:
+        conn.execute("PRAGMA user_version = 999")
+    result = inboxd("channel", "list", "--data", str(data))
+    assert result.returncode == 1
+    assert "newer" in result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("daemon did not become ready")
+
+
+def serve(data: str, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "inboxd", "serve", "--data", data, "--bind", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**ENV, "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0"},
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> tuple[int, float, str, str]:
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=15)
+    return proc.returncode, time.monotonic() - started, err, out
+
+
+def test_full_cli_flow_serve_restart_and_backup(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    owner = ok("init", "--data", data)
+    channel = ok("channel", "add", "--data", data, "--name", "Sales", "--type", "WHATSAPP")
+    assert set(channel) >= {"id", "name", "status"} and channel["status"] == "ACTIVE"
+    op = ok(
+        "user",
+        "add",
+        "--data",
+        data,
+        "--email",
+        "op@example.com",
+        "--name",
+        "Op",
+        "--channels",
+        channel["id"],
+    )
+    assert set(op) == {"userId", "memberId", "apiKey"}
+    extra = ok("key", "create", "--data", data, "--user", "op@example.com")
+    assert set(extra) == {"apiKey", "keyId", "prefix"} and extra["apiKey"].startswith(
+        extra["prefix"]
+    )
+    keys = ok("key", "list", "--data", data, "--user", op["userId"])
+    assert [k["keyId"] for k in keys][-1] == extra["keyId"]
+    assert all("apiKey" not in k for k in keys)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = serve(data, port)
+    try:
+        wait_ready(url, proc)
+        owner_h = {"Authorization": f"Bearer {owner['apiKey']}"}
+        body = {
+            "channelId": channel["id"],
+            "direction": "INBOUND",
+            "contact": {"phoneNumber": "15550001", "name": "Ada"},
+            "type": "TEXT",
+            "content": "kept across restarts",
+        }
+        created = httpx.post(f"{url}/api/v1/messaging/messages", json=body, headers=owner_h)
+        assert created.status_code == 201
+        op_h = {"Authorization": f"Bearer {extra['apiKey']}"}
+        assert httpx.get(f"{url}/api/v1/inbox/channels", headers=op_h).status_code == 200
+        # A key revoked by the CLI while the daemon runs stops working on the next request.
+        revoked = ok("key", "revoke", "--data", data, extra["keyId"])
+        assert revoked["revoked"] is True
+        assert httpx.get(f"{url}/api/v1/inbox/channels", headers=op_h).status_code == 401
+        # An online backup while serving.
+        backup = tmp_path / "backup.db"
+        result = ok("backup", "--data", data, str(backup))
+        assert result["file"] == str(backup) and result["bytes"] > 0
+        with sqlite3.connect(backup) as conn:
+            assert conn.execute("SELECT content FROM messages").fetchall() == [
+                ("kept across restarts",)
+            ]
+    finally:
+        code, took, err, _ = stop(proc)
+    assert code == 0, err
+    assert took < 10
+    lines = [json.loads(line) for line in err.strip().splitlines()]
+    assert any(line["msg"] == "request" and line["status"] == 201 for line in lines)
+    assert lines[-1]["msg"] == "stopped"
+
+    proc = serve(data, port)
+    try:
+        wait_ready(url, proc)
+        listed = httpx.get(f"{url}/api/v1/inbox/conversations", headers=owner_h).json()
+        assert [c["lastMessagePreview"] for c in listed["data"]] == ["kept across restarts"]
+        assert listed["data"][0]["contact"]["name"] == "Ada"
+    finally:
+        code, _, err, _ = stop(proc)
+    assert code == 0, err
+
+
+def test_first_serve_on_an_empty_dir_creates_the_store_and_prints_the_key(tmp_path: Path) -> None:
+    data = str(tmp_path / "fresh")
+    port = free_port()
+    proc = serve(data, port)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+    finally:
+        code, _, _, out = stop(proc)
+    assert code == 0
+    key = json.loads(out.splitlines()[0])["apiKey"]
+    assert key.startswith("ibx_")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_stop_the_daemon_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    data = str(tmp_path / "d")
+    ok("init", "--data", data)
+    port = free_port()
+    proc = serve(data, port)
+    wait_ready(f"http://127.0.0.1:{port}", proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err

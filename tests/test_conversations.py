@@ -1,0 +1,389 @@
+"""Spec endpoints 1-6: channels, assignees, the conversation list, search, counts, read one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from inboxd.store.db import Store
+from tests import arrange
+from tests.conftest import Seed, auth, ingest
+
+LIST = "/api/v1/inbox/conversations"
+
+
+async def ids(client: httpx.AsyncClient, key: str | None = None, **params: Any) -> list[str]:
+    headers = auth(key) if key else None
+    response = await client.get(LIST, params=params, headers=headers)
+    assert response.status_code == 200, response.text
+    return [c["id"] for c in response.json()["data"]]
+
+
+async def conv(client: httpx.AsyncClient, channel: str, phone: str, at: str, **kw: Any) -> str:
+    msg = await ingest(client, channel, phone, sentAt=at, content=kw.pop("content", "hi"), **kw)
+    return str(msg["conversationId"])
+
+
+async def test_channels_owner_sees_all_user_sees_own(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    everything = (await owner.get("/api/v1/inbox/channels")).json()
+    assert [c["id"] for c in everything] == [seeded.sales_id, seeded.support_id]
+    assert everything[0] == {
+        "id": seeded.sales_id,
+        "name": "Sales",
+        "status": "ACTIVE",
+        "type": "WHATSAPP",
+    }
+    bobs = (await owner.get("/api/v1/inbox/channels", headers=auth(seeded.bob_key))).json()
+    assert [c["id"] for c in bobs] == [seeded.sales_id]
+    eves = (await owner.get("/api/v1/inbox/channels", headers=auth(seeded.eve_key))).json()
+    assert eves == []
+
+
+async def test_assignees_are_owner_plus_operators_with_access(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    sales = (await owner.get(f"/api/v1/inbox/channels/{seeded.sales_id}/assignees")).json()
+    assert [(a["id"], a["role"]) for a in sales] == [
+        (seeded.owner_id, "OWNER"),
+        (seeded.ann_id, "OPERATOR"),
+        (seeded.bob_id, "OPERATOR"),
+    ]
+    assert sales[1] == {"id": seeded.ann_id, "name": "Ann", "avatar": None, "role": "OPERATOR"}
+    support = (await owner.get(f"/api/v1/inbox/channels/{seeded.support_id}/assignees")).json()
+    assert [a["id"] for a in support] == [seeded.owner_id, seeded.ann_id]
+    hidden = await owner.get(
+        f"/api/v1/inbox/channels/{seeded.support_id}/assignees", headers=auth(seeded.bob_key)
+    )
+    assert hidden.status_code == 404
+    missing = await owner.get("/api/v1/inbox/channels/ch_nope/assignees")
+    assert missing.status_code == 404
+
+
+async def test_list_is_newest_first_with_contact_and_pagination_block(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    a = await conv(owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z")
+    b = await conv(owner, seeded.support_id, "1002", "2026-01-03T10:00:00Z")
+    c = await conv(owner, seeded.sales_id, "1003", "2026-01-02T10:00:00Z")
+    response = (await owner.get(LIST)).json()
+    assert [x["id"] for x in response["data"]] == [b, c, a]
+    assert response["data"][0]["contact"]["phoneNumber"] == "1002"
+    assert response["pagination"]["hasMore"] is False
+    assert response["pagination"]["limit"] == 50
+    page = (await owner.get(LIST, params={"limit": 2})).json()
+    assert [x["id"] for x in page["data"]] == [b, c]
+    assert page["pagination"] == {
+        "hasMore": True,
+        "nextCursor": page["pagination"]["nextCursor"],
+        "limit": 2,
+    }
+    assert page["pagination"]["nextCursor"].startswith("2026-01-02T10:00:00.000000")
+    rest = (
+        await owner.get(LIST, params={"limit": 2, "cursor": page["pagination"]["nextCursor"]})
+    ).json()
+    assert [x["id"] for x in rest["data"]] == [a]
+    assert rest["pagination"]["hasMore"] is False
+
+
+async def test_a_plain_date_time_cursor_returns_strictly_older_rows(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    a = await conv(owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z")
+    b = await conv(owner, seeded.sales_id, "1002", "2026-01-02T10:00:00Z")
+    await conv(owner, seeded.sales_id, "1003", "2026-01-03T10:00:00Z")
+    assert await ids(owner, cursor="2026-01-02T10:00:00Z") == [a]
+    assert await ids(owner, cursor="2026-01-02T12:00:00+01:00") == [b, a]
+    assert await ids(owner, cursor="2026-01-02T10:00:00.0000001Z") == [b, a]
+
+
+async def test_filters_channel_status_unread(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    a = await conv(owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z")
+    b = await conv(owner, seeded.sales_id, "1002", "2026-01-02T10:00:00Z")
+    c = await conv(owner, seeded.support_id, "1003", "2026-01-03T10:00:00Z")
+    arrange.set_status(store, b, "CLOSED")
+    await owner.post(f"{LIST}/{a}/read")
+    assert await ids(owner, channelId=seeded.sales_id) == [b, a]
+    assert await ids(owner, status="CLOSED") == [b]
+    assert await ids(owner, status="OPEN") == [c, a]
+    assert await ids(owner, unread="true") == [c, b]
+    assert await ids(owner, unread="false") == [c, b, a]
+    assert await ids(owner, channelId=seeded.sales_id, status="OPEN", unread="true") == []
+
+
+async def test_tabs_and_assignee_filter(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    mine = await conv(owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z")
+    bobs = await conv(owner, seeded.sales_id, "1002", "2026-01-02T10:00:00Z")
+    free = await conv(owner, seeded.sales_id, "1003", "2026-01-03T10:00:00Z")
+    closed_free = await conv(owner, seeded.sales_id, "1004", "2026-01-04T10:00:00Z")
+    closed_mine = await conv(owner, seeded.sales_id, "1005", "2026-01-05T10:00:00Z")
+    arrange.assign(store, mine, seeded.ann_id)
+    arrange.assign(store, closed_mine, seeded.ann_id)
+    arrange.assign(store, bobs, seeded.bob_id)
+    arrange.set_status(store, closed_free, "CLOSED")
+    arrange.set_status(store, closed_mine, "CLOSED")
+    assert await ids(owner, seeded.ann_key, tab="mine_open") == [mine]
+    assert await ids(owner, seeded.bob_key, tab="mine_open") == [bobs]
+    assert await ids(owner, tab="mine_open") == []
+    assert await ids(owner, tab="unassigned") == [free]
+    assert await ids(owner, tab="all") == [closed_mine, closed_free, free, bobs, mine]
+    assert await ids(owner, assigneeId=seeded.ann_id) == [closed_mine, mine]
+    assert await ids(owner, assigneeId="usr_nobody") == []
+    listed = (await owner.get(LIST, params={"assigneeId": seeded.bob_id})).json()["data"][0]
+    assert listed["assignedTo"] == seeded.bob_id
+    assert listed["assignedUser"] == {"id": seeded.bob_id, "name": "Bob", "avatar": None}
+
+
+async def test_user_key_sees_only_its_channels_everywhere(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    sales = await conv(owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z", content="alpha beta")
+    support = await conv(
+        owner, seeded.support_id, "1002", "2026-01-02T10:00:00Z", content="alpha beta"
+    )
+    assert await ids(owner, seeded.bob_key) == [sales]
+    assert await ids(owner, seeded.ann_key) == [support, sales]
+    assert await ids(owner, seeded.eve_key) == []
+    bob = auth(seeded.bob_key)
+    for path in (
+        f"{LIST}/{support}",
+        f"{LIST}/{support}/messages",
+        f"/api/v1/inbox/channels/{seeded.support_id}/assignees",
+    ):
+        response = await owner.get(path, headers=bob)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "not_found"
+    assert (await owner.post(f"{LIST}/{support}/read", headers=bob)).status_code == 404
+    for params in (
+        {"channelId": seeded.support_id},
+        {"channelId": seeded.support_id, "query": "alpha"},
+    ):
+        path = f"{LIST}/search" if "query" in params else LIST
+        assert (await owner.get(path, params=params, headers=bob)).status_code == 404
+    counts = await owner.get(f"{LIST}/counts", params={"channelId": seeded.support_id}, headers=bob)
+    assert counts.status_code == 404
+    assert (await owner.get(f"{LIST}/counts", headers=bob)).json()["all"] == 1
+    assert (await owner.get(f"{LIST}/{sales}", headers=bob)).status_code == 200
+
+
+async def test_counts(owner: httpx.AsyncClient, seeded: Seed, store: Store) -> None:
+    a = await conv(owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z")
+    b = await conv(owner, seeded.sales_id, "1002", "2026-01-02T10:00:00Z")
+    c = await conv(owner, seeded.sales_id, "1003", "2026-01-03T10:00:00Z")
+    d = await conv(owner, seeded.support_id, "1004", "2026-01-04T10:00:00Z")
+    await conv(owner, seeded.support_id, "1005", "2026-01-05T10:00:00Z")
+    arrange.assign(store, a, seeded.ann_id)
+    arrange.assign(store, d, seeded.ann_id)
+    arrange.assign(store, b, seeded.ann_id)
+    arrange.set_status(store, b, "CLOSED")
+    arrange.set_status(store, c, "CLOSED")
+    counts = f"{LIST}/counts"
+    assert (await owner.get(counts)).json() == {"mine_open": 0, "unassigned": 1, "all": 5}
+    ann = auth(seeded.ann_key)
+    assert (await owner.get(counts, headers=ann)).json() == {
+        "mine_open": 2,
+        "unassigned": 1,
+        "all": 5,
+    }
+    assert (await owner.get(counts, params={"channelId": seeded.sales_id}, headers=ann)).json() == {
+        "mine_open": 1,
+        "unassigned": 0,
+        "all": 3,
+    }
+    bob = auth(seeded.bob_key)
+    assert (await owner.get(counts, headers=bob)).json() == {
+        "mine_open": 0,
+        "unassigned": 0,
+        "all": 3,
+    }
+    # The counters follow changes.
+    arrange.set_status(store, c, "OPEN")
+    arrange.assign(store, a, None)
+    assert (await owner.get(counts, params={"channelId": seeded.sales_id})).json() == {
+        "mine_open": 0,
+        "unassigned": 2,
+        "all": 3,
+    }
+
+
+async def test_counters_match_a_full_recount(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    convs = [
+        await conv(
+            owner,
+            seeded.sales_id if i % 3 else seeded.support_id,
+            f"20{i:02d}",
+            f"2026-01-01T10:{i:02d}:00Z",
+        )
+        for i in range(30)
+    ]
+    for i, cid in enumerate(convs):
+        if i % 2:
+            arrange.assign(store, cid, [seeded.ann_id, seeded.bob_id, seeded.owner_id][i % 3])
+        if i % 5 == 0:
+            arrange.set_status(store, cid, "CLOSED")
+    kept = store.read_sync(
+        lambda c: sorted(
+            tuple(r)
+            for r in c.execute(
+                "SELECT channel_pk, status, assignee_pk, n FROM conversation_counts WHERE n > 0"
+            )
+        )
+    )
+    recount = store.read_sync(
+        lambda c: sorted(
+            tuple(r)
+            for r in c.execute(
+                "SELECT channel_pk, status, coalesce(assigned_to_pk, 0), count(*)"
+                " FROM conversations GROUP BY 1, 2, 3"
+            )
+        )
+    )
+    assert kept == recount
+
+
+async def test_read_one_has_contact_assignee_channel_type_and_phone(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    cid = await conv(
+        owner, seeded.sales_id, "+1 (555) 010-9999", "2026-01-01T10:00:00Z", contact={"name": "Zed"}
+    )
+    arrange.assign(store, cid, seeded.bob_id)
+    body = (await owner.get(f"{LIST}/{cid}")).json()
+    assert body["id"] == cid
+    assert body["contact"]["name"] == "Zed"
+    assert body["customerPhone"] == "15550109999"
+    assert body["assignedUser"]["name"] == "Bob"
+    assert body["channelType"] == "WHATSAPP"
+    assert body["createdAt"].endswith("Z") and body["updatedAt"].endswith("Z")
+    assert (await owner.get(f"{LIST}/conv_missing")).status_code == 404
+
+
+SEARCH = f"{LIST}/search"
+
+
+async def test_search_splits_contacts_and_messages_without_repeats(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    by_name = await conv(
+        owner,
+        seeded.sales_id,
+        "4915112345678",
+        "2026-01-01T10:00:00Z",
+        contact={"name": "Marta Schulz"},
+        content="about the invoice",
+    )
+    by_text = await conv(
+        owner,
+        seeded.sales_id,
+        "4915199999999",
+        "2026-01-02T10:00:00Z",
+        contact={"name": "Jon"},
+        content="Please ask MARTA about my order",
+    )
+    by_phone = await conv(
+        owner,
+        seeded.sales_id,
+        "4930555777",
+        "2026-01-03T10:00:00Z",
+        contact={"name": "Lee"},
+        content="nothing",
+    )
+    await conv(
+        owner,
+        seeded.support_id,
+        "4915100000000",
+        "2026-01-04T10:00:00Z",
+        contact={"name": "Marta Other"},
+        content="marta",
+    )
+    result = (
+        await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": "marta"})
+    ).json()
+    assert [c["id"] for c in result["contacts"]] == [by_name]
+    assert [c["id"] for c in result["messages"]] == [by_text]
+    assert result["contacts"][0]["contact"]["name"] == "Marta Schulz"
+    # A contact match that also matches by text is listed once, under contacts.
+    both = (
+        await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": "invoice"})
+    ).json()
+    assert [c["id"] for c in both["messages"]] == [by_name]
+    await ingest(owner, seeded.sales_id, "4915112345678", content="marta writes again")
+    again = (
+        await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": "Marta"})
+    ).json()
+    assert [c["id"] for c in again["contacts"]] == [by_name]
+    assert [c["id"] for c in again["messages"]] == [by_text]
+    phone = (
+        await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": "+49 30 555"})
+    ).json()
+    assert [c["id"] for c in phone["contacts"]] == [by_phone]
+    assert phone["messages"] == []
+
+
+@pytest.mark.parametrize("query", ["", "ab", "  a ", "xy"])
+async def test_search_under_three_characters_is_empty(
+    owner: httpx.AsyncClient, seeded: Seed, query: str
+) -> None:
+    await conv(
+        owner,
+        seeded.sales_id,
+        "1001",
+        "2026-01-01T10:00:00Z",
+        contact={"name": "ab"},
+        content="ab xy",
+    )
+    result = await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": query})
+    assert result.status_code == 200
+    assert result.json() == {"contacts": [], "messages": []}
+
+
+async def test_search_does_not_match_system_rows_and_handles_quotes(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    cid = await conv(
+        owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z", content='say "hi" * OR x'
+    )
+    arrange.set_status(store, cid, "CLOSED")
+    await ingest(owner, seeded.sales_id, "1001", content="back")  # writes a SYSTEM "reopened" row
+    reopened = (
+        await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": "reopened"})
+    ).json()
+    assert reopened == {"contacts": [], "messages": []}
+    quoted = (
+        await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": '"hi" *'})
+    ).json()
+    assert [c["id"] for c in quoted["messages"]] == [cid]
+    missing = await owner.get(SEARCH, params={"channelId": seeded.sales_id})
+    assert missing.status_code == 400
+
+
+async def test_search_uses_the_trigram_indexes(store: Store) -> None:
+    plans = store.read_sync(
+        lambda c: [
+            " ".join(str(r[3]) for r in c.execute(f"EXPLAIN QUERY PLAN {sql}", args))
+            for sql, args in (
+                (
+                    "SELECT m.conversation_pk FROM messages_fts f JOIN messages m ON m.pk = f.rowid"
+                    " WHERE messages_fts MATCH ? AND m.channel_pk = ?",
+                    ('"abc"', 1),
+                ),
+                (
+                    "SELECT ct.pk FROM contacts_fts f JOIN contacts ct ON ct.pk = f.rowid"
+                    " WHERE contacts_fts MATCH ? AND ct.channel_pk = ?",
+                    ('name : "abc"', 1),
+                ),
+            )
+        ]
+    )
+    for plan in plans:
+        assert "VIRTUAL TABLE INDEX" in plan
+        assert "SCAN m" not in plan and "SCAN ct" not in plan

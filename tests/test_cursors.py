@@ -1,0 +1,42 @@
+"""Cursors are ISO date-times that carry a tie-breaker below the microsecond."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inboxd import cursors
+from inboxd.timeutil import BadTimestamp, format_us, parse_instant
+
+
+@given(st.integers(0, 4_102_444_800_000_000), st.integers(1, 10**13 - 1))
+def test_round_trip_and_still_a_date_time(at: int, pk: int) -> None:
+    text = cursors.encode(at, pk)
+    assert cursors.decode(text) == (at, pk)
+    # Any ISO parser reads it as the row's own instant.
+    parsed = dt.datetime.fromisoformat(text)
+    assert format_us(int(parsed.timestamp()) * 1_000_000 + parsed.microsecond) == format_us(at)
+
+
+def test_plain_instants() -> None:
+    assert cursors.decode("2026-01-01T00:00:00Z") == (1_767_225_600_000_000, 0)
+    assert cursors.decode("2026-01-01T01:00:00+01:00") == (1_767_225_600_000_000, 0)
+    assert cursors.decode("2026-01-01T00:00:00.000000000Z") == (1_767_225_600_000_000, 0)
+    assert cursors.decode("2026-01-01T00:00:00.0000001Z")[1] == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "text", ["", "2026-01-01", "2026-01-01T00:00:00", "soon", "2026-13-01T00:00:00Z"]
+)
+def test_rejects_what_is_not_a_date_time_with_offset(text: str) -> None:
+    with pytest.raises(BadTimestamp):
+        cursors.decode(text)
+
+
+def test_parse_instant_accepts_offsets() -> None:
+    assert parse_instant("2026-11-22T01:16:19.123456Z") == parse_instant(
+        "2026-11-22T02:16:19.123456+01:00"
+    )

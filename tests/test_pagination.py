@@ -1,0 +1,212 @@
+"""Walking pages returns every row exactly once and in order (CONTRACT section 2).
+
+Hypothesis drives the store's own query functions on a real SQLite file (fast enough for many
+examples); the HTTP tests walk hundreds of rows that share one timestamp through the real API.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inboxd import cursors
+from inboxd.model import Principal
+from inboxd.store import accounts, conversations, messages
+from inboxd.store.db import Store
+from tests import arrange
+from tests.conftest import Seed, ingest, seed_store
+
+BASE = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
+
+
+def owner_principal(store: Store, key: str) -> Principal:
+    who = store.read_sync(accounts.authenticate, key)
+    assert who is not None
+    return who
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    times=st.lists(st.integers(min_value=0, max_value=3), min_size=0, max_size=60),
+    limit=st.integers(min_value=1, max_value=7),
+    closed=st.sets(st.integers(min_value=0, max_value=59)),
+    status=st.sampled_from([None, "OPEN", "CLOSED"]),
+)
+def test_conversation_walk_is_complete_and_ordered(
+    times: list[int], limit: int, closed: set[int], status: str | None
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        seed = seed_store(Path(tmp) / "data")
+        store = Store.open(seed.data_dir, readers=1)
+        try:
+            who = owner_principal(store, seed.owner_key)
+            ids = []
+            for i, t in enumerate(times):
+                new = messages.NewMessage(
+                    channel_id=seed.sales_id if i % 2 else seed.support_id,
+                    direction="INBOUND",
+                    phone_number=f"1000{i:03d}",
+                    contact_name=None,
+                    contact_avatar=None,
+                    type="TEXT",
+                    content="x",
+                    sent_at=BASE + t,  # only four distinct instants: many ties
+                )
+                ids.append(
+                    store.write_sync(messages.ingest, who, new, BASE).message.conversation_id
+                )
+                if i in closed:
+                    arrange.set_status(store, ids[-1], "CLOSED")
+            expected = {
+                cid
+                for i, cid in enumerate(ids)
+                if status is None or (status == "CLOSED") == (i in closed)
+            }
+            seen: list[conversations.Conversation] = []
+            cursor = None
+            for _ in range(len(times) + 2):
+                page = store.read_sync(
+                    conversations.list_page,
+                    who,
+                    conversations.ListQuery(limit=limit, cursor=cursor, status=status),
+                )
+                seen += page.rows
+                assert len(page.rows) <= limit
+                if not page.has_more:
+                    break
+                last = page.rows[-1]
+                # The cursor is handed to the client as a string and read back from one.
+                cursor = cursors.decode(cursors.encode(last.sort_at, last.pk))
+            else:
+                raise AssertionError("the walk did not end")
+            assert [c.id for c in seen if c.id in expected] == [c.id for c in seen]
+            assert sorted(c.id for c in seen) == sorted(expected)
+            stamps = [c.last_message_at for c in seen]
+            assert stamps == sorted(stamps, reverse=True)
+        finally:
+            store.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=0, max_size=50),
+    limit=st.integers(min_value=1, max_value=6),
+    kind=st.sampled_from(messages.KINDS),
+)
+def test_history_walk_is_complete_and_ordered(
+    rows: list[tuple[int, bool]], limit: int, kind: str
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        seed = seed_store(Path(tmp) / "data")
+        store = Store.open(seed.data_dir, readers=1)
+        try:
+            who = owner_principal(store, seed.owner_key)
+            first = messages.NewMessage(
+                channel_id=seed.sales_id,
+                direction="OUTBOUND",
+                phone_number="100000",
+                contact_name=None,
+                contact_avatar=None,
+                type="TEXT",
+                sent_at=BASE,
+            )
+            conv_id = store.write_sync(messages.ingest, who, first, BASE).message.conversation_id
+            conv_pk = store.read_sync(
+                lambda c: c.execute(
+                    "SELECT pk FROM conversations WHERE id = ?", (conv_id,)
+                ).fetchone()[0]
+            )
+            expected_all = [(BASE, False)]
+            for t, system in rows:
+                if system:
+                    store.write_sync(
+                        lambda c, t=t: messages.write_system_message(
+                            c,
+                            account_pk=who.account_pk,
+                            conversation_pk=conv_pk,
+                            channel_pk=1,
+                            content="status changed",
+                            source=messages.SOURCE_API,
+                            actor=None,
+                            now=BASE + t,
+                        )
+                    )
+                else:
+                    new = messages.NewMessage(
+                        channel_id=seed.sales_id,
+                        direction="OUTBOUND",
+                        phone_number="100000",
+                        contact_name=None,
+                        contact_avatar=None,
+                        type="TEXT",
+                        sent_at=BASE + t,
+                    )
+                    store.write_sync(messages.ingest, who, new, BASE)
+                expected_all.append((BASE + t, system))
+            want = [x for x in expected_all if kind == "all" or (kind == "system") == x[1]]
+            seen: list[Any] = []
+            cursor = None
+            while True:
+                page = store.read_sync(messages.history, who, conv_id, kind, limit, cursor)
+                seen += page.rows
+                if not page.has_more:
+                    break
+                cursor = cursors.decode(cursors.encode(page.rows[-1].created_at, page.rows[-1].pk))
+            assert len({m.id for m in seen}) == len(seen) == len(want)
+            assert [m.created_at for m in seen] == sorted((t for t, _ in want), reverse=True)
+            assert all((m.type == "SYSTEM") == (kind == "system") for m in seen if kind != "all")
+        finally:
+            store.close()
+
+
+async def test_http_walk_over_hundreds_of_equal_timestamps(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    same = "2026-03-01T12:00:00.000000Z"
+    created = set()
+    for i in range(230):
+        msg = await ingest(owner, seeded.sales_id, f"3000{i:04d}", sentAt=same, content=f"m{i}")
+        created.add(msg["conversationId"])
+    seen: list[str] = []
+    params: dict[str, Any] = {"limit": 37}
+    while True:
+        body = (await owner.get("/api/v1/inbox/conversations", params=params)).json()
+        seen += [c["id"] for c in body["data"]]
+        assert all(c["lastMessageAt"] == same for c in body["data"])
+        if not body["pagination"]["hasMore"]:
+            break
+        params["cursor"] = body["pagination"]["nextCursor"]
+    assert len(seen) == len(set(seen)) == 230
+    assert set(seen) == created
+
+
+async def test_http_history_walk_over_equal_timestamps(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    same = "2026-03-01T12:00:00Z"
+    ids = [
+        (await ingest(owner, seeded.sales_id, "300001", sentAt=same, content=f"m{i}"))["id"]
+        for i in range(120)
+    ]
+    conv_id = (await ingest(owner, seeded.sales_id, "300001", content="x"))["conversationId"]
+    url = f"/api/v1/inbox/conversations/{conv_id}/messages"
+    seen: list[str] = []
+    params: dict[str, Any] = {"limit": 50}
+    pages = 0
+    while True:
+        body = (await owner.get(url, params=params)).json()
+        pages += 1
+        seen += [m["id"] for m in body["messages"]]
+        if not body["hasMore"]:
+            assert body["nextCursor"] is None
+            break
+        params["cursor"] = body["nextCursor"]
+    assert pages == 3
+    assert len(seen) == len(set(seen)) == 121
+    # Equal times come newest-arrival first, the same order as they were stored, reversed.
+    assert seen[1:] == list(reversed(ids))
