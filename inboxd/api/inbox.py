@@ -12,11 +12,13 @@ from inboxd.api.http import (
     arg_cursor,
     arg_limit,
     arg_str,
+    field,
     json_body,
     json_response,
 )
+from inboxd.errors import InvalidRequest
 from inboxd.model import SETTABLE_STATUSES
-from inboxd.store import accounts, conversations, messages
+from inboxd.store import accounts, actions, conversations, messages
 from inboxd.timeutil import now_us
 
 blueprint = Blueprint("inbox", __name__, url_prefix="/api/v1/inbox")
@@ -113,3 +115,62 @@ async def mark_read(conversation_id: str) -> Response:
     await json_body(required=False)
     row = await state().store.write(conversations.mark_read, principal(), conversation_id, now_us())
     return json_response(wire.conversation(row, with_contact=False))
+
+
+# -- actions (spec endpoints 8-12): each returns the updated Conversation without contact ---------
+
+MAX_TITLE = 200
+
+
+def _written(row: conversations.Conversation) -> Response:
+    return json_response(wire.conversation(row, with_contact=False))
+
+
+@blueprint.patch("/conversations/<conversation_id>/assignee")
+async def patch_assignee(conversation_id: str) -> Response:
+    body = await json_body()
+    if "userId" not in body:
+        raise InvalidRequest("userId is required (a user id, or null to unassign)")
+    user_id = field(body, "userId", str, nullable=True, max_len=256)
+    row = await state().store.write(actions.assign, principal(), conversation_id, user_id, now_us())
+    return _written(row)
+
+
+@blueprint.patch("/conversations/<conversation_id>/status")
+async def patch_status(conversation_id: str) -> Response:
+    body = await json_body()
+    status = field(body, "status", str, required=True)
+    if status not in SETTABLE_STATUSES:
+        raise InvalidRequest("status must be OPEN or CLOSED")
+    row = await state().store.write(
+        actions.set_status, principal(), conversation_id, status, now_us()
+    )
+    return _written(row)
+
+
+@blueprint.post("/conversations/<conversation_id>/block")
+async def block(conversation_id: str) -> Response:
+    await json_body(required=False)
+    row = await state().store.write(
+        actions.set_blocked, principal(), conversation_id, True, now_us()
+    )
+    return _written(row)
+
+
+@blueprint.post("/conversations/<conversation_id>/unblock")
+async def unblock(conversation_id: str) -> Response:
+    await json_body(required=False)
+    row = await state().store.write(
+        actions.set_blocked, principal(), conversation_id, False, now_us()
+    )
+    return _written(row)
+
+
+@blueprint.patch("/conversations/<conversation_id>/title")
+async def patch_title(conversation_id: str) -> Response:
+    body = await json_body()
+    title = field(body, "title", str, required=True, max_len=MAX_TITLE).strip()
+    if not title:
+        raise InvalidRequest("title must not be empty")
+    row = await state().store.write(actions.rename, principal(), conversation_id, title, now_us())
+    return _written(row)
