@@ -17,7 +17,7 @@ from inboxd.api.http import (
     json_response,
 )
 from inboxd.errors import InvalidRequest
-from inboxd.model import SETTABLE_STATUSES
+from inboxd.model import SETTABLE_STATUSES, Conversation
 from inboxd.store import accounts, actions, conversations, messages
 from inboxd.timeutil import now_us
 
@@ -122,7 +122,7 @@ async def mark_read(conversation_id: str) -> Response:
 MAX_TITLE = 200
 
 
-def _written(row: conversations.Conversation) -> Response:
+def _written(row: Conversation) -> Response:
     return json_response(wire.conversation(row, with_contact=False))
 
 
