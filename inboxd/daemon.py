@@ -5,6 +5,7 @@
     run()
     └── nursery
         ├── hypercorn (trio worker) serving the quart-trio app    (API, and later the feed)
+        ├── inbox webhook deliverer, one per account                (webhooks/inbox.py)
         └── key-usage flusher                                      (lastUsedAt, batched)
 
 ``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
@@ -27,8 +28,10 @@ from hypercorn.trio import serve
 
 from inboxd.api.app import AppState, create_app
 from inboxd.config import Config
-from inboxd.store import accounts
+from inboxd.store import accounts, webhooks
 from inboxd.store.db import Store
+from inboxd.webhooks.client import make_client
+from inboxd.webhooks.inbox import InboxWebhookDeliverer
 
 log = logging.getLogger("inboxd.daemon")
 
@@ -68,15 +71,23 @@ async def run(
     shutdown: trio.Event,
     *,
     bind: str | None = None,
+    offload_store: bool = True,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until ``shutdown`` is set. Reports the bound URLs when ready."""
-    store = await trio.to_thread.run_sync(partial(Store.open, data_dir, create=False))
+    """Serve until ``shutdown`` is set. Reports the bound URLs when ready.
+
+    ``offload_store=False`` keeps SQLite on the trio thread; only tests on MockClock want that
+    (see ``Store``).
+    """
+    store = await trio.to_thread.run_sync(
+        partial(Store.open, data_dir, create=False, offload=offload_store)
+    )
     app = create_app(store, config)
     app_state: AppState = app.extensions["inboxd"]
     hc = hypercorn_config(config, bind or config.server.bind)
+    client = make_client(config.webhooks)
     try:
-        async with trio.open_nursery() as nursery:
+        async with client, trio.open_nursery() as nursery:
 
             async def serve_api(
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -87,6 +98,9 @@ async def run(
 
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_key_usage_flusher, app_state)
+            for account_pk in await store.read(webhooks.account_pks):
+                deliverer = InboxWebhookDeliverer(store, client, config.inbox_webhook, account_pk)
+                await nursery.start(deliverer.run)
             log.info("listening", extra={"urls": urls, "data": str(data_dir)})
             task_status.started(urls)
     finally:

@@ -14,6 +14,7 @@ import attrs
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from inboxd import daemon
 from inboxd.config import Config, LimitsConfig
@@ -93,13 +94,22 @@ def config() -> Config:
     return test_config()
 
 
+def on_mock_clock() -> bool:
+    return isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
+
+
 @pytest.fixture
 async def base_url(seeded: Seed, config: Config) -> AsyncIterator[str]:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         urls = await nursery.start(
             lambda task_status: daemon.run(
-                seeded.data_dir, config, shutdown, bind="127.0.0.1:0", task_status=task_status
+                seeded.data_dir,
+                config,
+                shutdown,
+                bind="127.0.0.1:0",
+                offload_store=not on_mock_clock(),
+                task_status=task_status,
             )
         )
         yield urls[0]
@@ -110,15 +120,26 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def client_timeout() -> httpx.Timeout:
+    # Under MockClock's autojump the trio clock leaps ahead whenever every task waits, including
+    # while the daemon's SQLite work runs in a thread: a client timeout would fire at random, so
+    # timer tests use none (their own fail_after bounds them on the virtual clock).
+    if on_mock_clock():
+        return httpx.Timeout(None)
+    return httpx.Timeout(10.0)
+
+
 @pytest.fixture
 async def owner(base_url: str, seeded: Seed) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=base_url, headers=auth(seeded.owner_key)) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=auth(seeded.owner_key), timeout=client_timeout()
+    ) as client:
         yield client
 
 
 @pytest.fixture
 async def anon(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=base_url) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=client_timeout()) as client:
         yield client
 
 

@@ -96,7 +96,7 @@ def _error_response(exc: InboxError) -> Response:
 
 
 def create_app(store: Store, config: Config) -> QuartTrio:
-    from inboxd.api import inbox, messaging, ops
+    from inboxd.api import inbox, messaging, ops, webhook  # the routes import this module
 
     app = QuartTrio("inboxd")
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
@@ -111,6 +111,7 @@ def create_app(store: Store, config: Config) -> QuartTrio:
     app.register_blueprint(ops.blueprint)
     app.register_blueprint(inbox.blueprint)
     app.register_blueprint(messaging.blueprint)
+    app.register_blueprint(webhook.blueprint)
 
     @app.before_request
     async def start_timer() -> None:

@@ -98,19 +98,51 @@ def run_in_transaction(
     return result
 
 
+class CommitSignal:
+    """Wakes tasks that wait for "something was committed" (the journal's readers)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event = trio.Event()
+
+    def bump(self) -> None:
+        self.version += 1
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait_past(self, version: int) -> None:
+        """Return once a commit after ``version`` (read before looking at the store) happened."""
+        while self.version == version:
+            await self._event.wait()
+
+
 class Store:
     """An open store. Create it with ``Store.open``; ``close()`` it when done."""
 
-    def __init__(self, data_dir: Path, readers: int = DEFAULT_READERS) -> None:
+    def __init__(
+        self, data_dir: Path, readers: int = DEFAULT_READERS, offload: bool = True
+    ) -> None:
         self.data_dir = data_dir
+        # offload=False runs SQL on the trio thread. Only for tests on trio's MockClock: with
+        # autojump the virtual clock leaps to the next deadline whenever every task waits, and a
+        # task waiting for a worker thread counts as waiting, so timeouts would fire at random.
+        self._offload = offload
         self.path = db_path(data_dir)
         self._writer = _connect(self.path, readonly=False)
         self._readers = [_connect(self.path, readonly=True) for _ in range(readers)]
         self._write_limiter = trio.CapacityLimiter(1)
         self._read_limiter = trio.CapacityLimiter(readers)
+        self.commits = CommitSignal()
 
     @classmethod
-    def open(cls, data_dir: Path, *, create: bool = False, readers: int = DEFAULT_READERS) -> Store:
+    def open(
+        cls,
+        data_dir: Path,
+        *,
+        create: bool = False,
+        readers: int = DEFAULT_READERS,
+        offload: bool = True,
+    ) -> Store:
         """Open (and with ``create``, make) the store in ``data_dir``; migrate it forward."""
         if not store_exists(data_dir):
             if not create:
@@ -129,7 +161,7 @@ class Store:
                 boot.close()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{db_path(data_dir)} is not a usable inboxd store: {exc}") from None
-        return cls(data_dir, readers)
+        return cls(data_dir, readers, offload)
 
     def close(self) -> None:
         for conn in [self._writer, *self._readers]:
@@ -148,15 +180,23 @@ class Store:
     async def write(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` in one write transaction, off the trio loop."""
         async with self._write_limiter:
-            return await trio.to_thread.run_sync(
-                run_in_transaction, self._writer, "BEGIN IMMEDIATE", fn, *args
-            )
+            try:
+                if not self._offload:
+                    return run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
+                return await trio.to_thread.run_sync(
+                    run_in_transaction, self._writer, "BEGIN IMMEDIATE", fn, *args
+                )
+            finally:
+                # Also after a failure: a rolled-back write wakes readers for nothing, harmlessly.
+                self.commits.bump()
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` on a reader in one snapshot, off the trio loop."""
         async with self._read_limiter:
             conn = self._readers.pop()
             try:
+                if not self._offload:
+                    return run_in_transaction(conn, "BEGIN", fn, *args)
                 return await trio.to_thread.run_sync(run_in_transaction, conn, "BEGIN", fn, *args)
             finally:
                 self._readers.append(conn)

@@ -27,6 +27,16 @@ TITLE_CHANGED: Final = "inbox.conversation.title_changed"
 CONVERSATION_READ: Final = "inbox.conversation.read"
 MESSAGE_CREATED: Final = "inbox.message.created"
 MESSAGE_STATUS_CHANGED: Final = "inbox.message.status_changed"
+USER_INVITED: Final = "inbox.user.invited"
+USER_ADDED: Final = "inbox.user.added"
+USER_REMOVED: Final = "inbox.user.removed"
+USER_CHANNELS_CHANGED: Final = "inbox.user.channels_changed"
+USER_INVITE_REVOKED: Final = "inbox.user.invite_revoked"
+
+# The events the inbox webhook delivers: the spec's table. Message events and "read" go to the
+# feed (and message events to channel webhooks) only. Keep in step with the partial index
+# events_webhook in schema.py.
+WEBHOOK_TYPES_SQL: Final = "type NOT LIKE 'inbox.message.%' AND type <> 'inbox.conversation.read'"
 
 
 @attrs.frozen

@@ -230,4 +230,51 @@ CREATE INDEX events_account ON events(account_pk, seq);
 CREATE INDEX events_created ON events(created_at);
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1,)
+_V2: Final = """
+-- The inbox webhook: one URL per account (spec endpoints 13-16).
+CREATE TABLE inbox_webhooks (
+    account_pk            INTEGER PRIMARY KEY REFERENCES accounts(pk),
+    url                   TEXT NOT NULL,
+    -- Kept for signing; returned only by the response that creates or rotates it.
+    secret                TEXT NOT NULL,
+    created_at            INTEGER NOT NULL,
+    updated_at            INTEGER NOT NULL,
+    -- Every webhook event with seq <= delivered_seq is delivered or given up. Set to the journal's
+    -- end when the webhook is created: events from before it are never sent.
+    delivered_seq         INTEGER NOT NULL,
+    last_delivery_at      INTEGER,
+    last_delivery_status  INTEGER,
+    last_delivery_error   TEXT
+);
+
+-- The events the inbox webhook delivers (keep in step with events.WEBHOOK_TYPES_SQL).
+CREATE INDEX events_webhook ON events(account_pk, seq)
+    WHERE type NOT LIKE 'inbox.message.%' AND type <> 'inbox.conversation.read';
+
+-- Every delivery attempt, for GET /webhook/deliveries.
+CREATE TABLE webhook_deliveries (
+    pk           INTEGER PRIMARY KEY,
+    account_pk   INTEGER NOT NULL REFERENCES accounts(pk),
+    event_seq    INTEGER NOT NULL REFERENCES events(seq),
+    delivery_id  TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    -- delivered, failed (will retry) or given_up (the last retry failed)
+    outcome      TEXT NOT NULL,
+    status       INTEGER,
+    error        TEXT,
+    duration_ms  REAL NOT NULL,
+    at           INTEGER NOT NULL
+);
+CREATE INDEX webhook_deliveries_account ON webhook_deliveries(account_pk, at, pk);
+
+-- Events queued again by POST /webhook/deliveries/{eventId}/redeliver.
+CREATE TABLE webhook_redeliveries (
+    pk            INTEGER PRIMARY KEY,
+    account_pk    INTEGER NOT NULL REFERENCES accounts(pk),
+    event_seq     INTEGER NOT NULL REFERENCES events(seq),
+    requested_at  INTEGER NOT NULL
+);
+CREATE INDEX webhook_redeliveries_account ON webhook_redeliveries(account_pk, pk);
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2)

@@ -1,0 +1,235 @@
+"""SQL for the inbox webhook: its configuration, the delivery cursor, attempts and redeliveries."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+import attrs
+
+from inboxd import ids
+from inboxd.errors import NotFound
+from inboxd.store.events import WEBHOOK_TYPES_SQL, JournalEvent
+
+SECRET_PREFIX_LEN: Final = 12
+
+
+@attrs.frozen
+class InboxWebhook:
+    url: str
+    secret: str
+    created_at: int
+    updated_at: int
+    delivered_seq: int
+    last_delivery_at: int | None
+    last_delivery_status: int | None
+    last_delivery_error: str | None
+
+    @property
+    def secret_prefix(self) -> str:
+        return self.secret[:SECRET_PREFIX_LEN]
+
+
+@attrs.frozen
+class Saved:
+    webhook: InboxWebhook
+    created: bool
+    secret: str | None  # only when created or rotated
+
+
+def get(conn: sqlite3.Connection, account_pk: int) -> InboxWebhook | None:
+    row = conn.execute(
+        "SELECT url, secret, created_at, updated_at, delivered_seq, last_delivery_at,"
+        " last_delivery_status, last_delivery_error FROM inbox_webhooks WHERE account_pk = ?",
+        (account_pk,),
+    ).fetchone()
+    return None if row is None else InboxWebhook(**dict(row))
+
+
+def _journal_end(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
+
+
+def put(conn: sqlite3.Connection, account_pk: int, url: str, now: int) -> Saved:
+    """Create the webhook (new secret, created) or change its URL (secret kept)."""
+    existing = get(conn, account_pk)
+    if existing is None:
+        secret = ids.new_webhook_secret()
+        conn.execute(
+            "INSERT INTO inbox_webhooks (account_pk, url, secret, created_at, updated_at,"
+            " delivered_seq) VALUES (?, ?, ?, ?, ?, ?)",
+            (account_pk, url, secret, now, now, _journal_end(conn)),
+        )
+        hook = get(conn, account_pk)
+        assert hook is not None
+        return Saved(webhook=hook, created=True, secret=secret)
+    conn.execute(
+        "UPDATE inbox_webhooks SET url = ?, updated_at = ? WHERE account_pk = ?",
+        (url, now, account_pk),
+    )
+    hook = get(conn, account_pk)
+    assert hook is not None
+    return Saved(webhook=hook, created=False, secret=None)
+
+
+def rotate(conn: sqlite3.Connection, account_pk: int, now: int) -> Saved:
+    if get(conn, account_pk) is None:
+        raise NotFound("no inbox webhook URL is saved", code="webhook_not_found")
+    secret = ids.new_webhook_secret()
+    conn.execute(
+        "UPDATE inbox_webhooks SET secret = ?, updated_at = ? WHERE account_pk = ?",
+        (secret, now, account_pk),
+    )
+    hook = get(conn, account_pk)
+    assert hook is not None
+    return Saved(webhook=hook, created=False, secret=secret)
+
+
+def delete(conn: sqlite3.Connection, account_pk: int) -> bool:
+    removed = conn.execute("DELETE FROM inbox_webhooks WHERE account_pk = ?", (account_pk,))
+    conn.execute("DELETE FROM webhook_redeliveries WHERE account_pk = ?", (account_pk,))
+    return removed.rowcount > 0
+
+
+def account_pks(conn: sqlite3.Connection) -> list[int]:
+    return [r[0] for r in conn.execute("SELECT pk FROM accounts ORDER BY pk")]
+
+
+# -- what to deliver next ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Work:
+    event: JournalEvent
+    redelivery_pk: int | None
+
+
+def _event(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> JournalEvent | None:
+    row = conn.execute(
+        f"SELECT seq, id, type, channel_pk, created_at, body FROM events WHERE {where}", params
+    ).fetchone()
+    if row is None:
+        return None
+    return JournalEvent(
+        seq=row["seq"],
+        id=row["id"],
+        type=row["type"],
+        channel_pk=row["channel_pk"],
+        created_at=row["created_at"],
+        body=bytes(row["body"]),
+    )
+
+
+def next_work(conn: sqlite3.Connection, account_pk: int) -> Work | None:
+    """The next event to deliver: journal order first, then queued redeliveries."""
+    hook = get(conn, account_pk)
+    if hook is None:
+        return None
+    event = _event(
+        conn,
+        f"account_pk = ? AND seq > ? AND {WEBHOOK_TYPES_SQL} ORDER BY seq LIMIT 1",
+        (account_pk, hook.delivered_seq),
+    )
+    if event is not None:
+        return Work(event=event, redelivery_pk=None)
+    row = conn.execute(
+        "SELECT pk, event_seq FROM webhook_redeliveries WHERE account_pk = ? ORDER BY pk LIMIT 1",
+        (account_pk,),
+    ).fetchone()
+    if row is None:
+        return None
+    event = _event(conn, "seq = ?", (row["event_seq"],))
+    assert event is not None
+    return Work(event=event, redelivery_pk=row["pk"])
+
+
+@attrs.frozen
+class Attempt:
+    event_seq: int
+    delivery_id: str
+    attempt: int
+    outcome: str  # delivered | failed | given_up
+    status: int | None
+    error: str | None
+    duration_ms: float
+    at: int
+
+
+def record_attempt(
+    conn: sqlite3.Connection, account_pk: int, a: Attempt, redelivery_pk: int | None
+) -> None:
+    """Log an attempt; on a final outcome move past the event (or drop its redelivery)."""
+    conn.execute(
+        "INSERT INTO webhook_deliveries (account_pk, event_seq, delivery_id, attempt, outcome,"
+        " status, error, duration_ms, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            account_pk,
+            a.event_seq,
+            a.delivery_id,
+            a.attempt,
+            a.outcome,
+            a.status,
+            a.error,
+            a.duration_ms,
+            a.at,
+        ),
+    )
+    final = a.outcome != "failed"
+    conn.execute(
+        "UPDATE inbox_webhooks SET last_delivery_at = ?, last_delivery_status = ?,"
+        " last_delivery_error = ?,"
+        " delivered_seq = CASE WHEN ? THEN max(delivered_seq, ?) ELSE delivered_seq END"
+        " WHERE account_pk = ?",
+        (a.at, a.status, a.error, final and redelivery_pk is None, a.event_seq, account_pk),
+    )
+    if final and redelivery_pk is not None:
+        conn.execute("DELETE FROM webhook_redeliveries WHERE pk = ?", (redelivery_pk,))
+
+
+def queue_redelivery(conn: sqlite3.Connection, account_pk: int, event_id: str, now: int) -> int:
+    row = conn.execute(
+        f"SELECT seq FROM events WHERE id = ? AND account_pk = ? AND {WEBHOOK_TYPES_SQL}",
+        (event_id, account_pk),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no inbox webhook event {event_id}")
+    if get(conn, account_pk) is None:
+        raise NotFound("no inbox webhook URL is saved", code="webhook_not_found")
+    cur = conn.execute(
+        "INSERT INTO webhook_redeliveries (account_pk, event_seq, requested_at) VALUES (?, ?, ?)",
+        (account_pk, row["seq"], now),
+    )
+    return int(cur.lastrowid or 0)
+
+
+@attrs.frozen
+class DeliveryRow:
+    pk: int
+    event_id: str
+    event_type: str
+    delivery_id: str
+    attempt: int
+    outcome: str
+    status: int | None
+    error: str | None
+    duration_ms: float
+    at: int
+
+
+def list_deliveries(
+    conn: sqlite3.Connection, account_pk: int, limit: int, cursor: tuple[int, int] | None
+) -> tuple[list[DeliveryRow], bool]:
+    """Attempts, newest first."""
+    where, params = "d.account_pk = ?", [account_pk]
+    if cursor is not None:
+        where += " AND (d.at, d.pk) < (?, ?)"
+        params += list(cursor)
+    rows = conn.execute(
+        "SELECT d.pk, e.id AS event_id, e.type AS event_type, d.delivery_id, d.attempt,"
+        " d.outcome, d.status, d.error, d.duration_ms, d.at FROM webhook_deliveries d"
+        f" JOIN events e ON e.seq = d.event_seq WHERE {where}"
+        " ORDER BY d.at DESC, d.pk DESC LIMIT ?",
+        [*params, limit + 1],
+    ).fetchall()
+    out = [DeliveryRow(**dict(r)) for r in rows[:limit]]
+    return out, len(rows) > limit

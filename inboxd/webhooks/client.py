@@ -1,0 +1,233 @@
+"""The outgoing HTTP client for every webhook: URL rules, SSRF guard, signing, one POST.
+
+URL rules (CONTRACT section 3, ``invalid_url``): https only, no credentials, at most 2048
+characters, a host that is not loopback, private, link-local or otherwise non-global unless
+``webhooks.allow_private_hosts``.
+
+The guard also runs at connect time: ``GuardedBackend`` resolves the host itself, checks every
+address it gets, and connects to the address it checked, so a DNS answer that changes after the URL
+was saved cannot steer a delivery into the private network. TLS still verifies the certificate
+against the URL's host name. Redirects are never followed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import socket
+import ssl
+import time
+from collections.abc import Iterable
+from typing import Final
+from urllib.parse import urlsplit
+
+import attrs
+import certifi
+import httpcore
+import httpx
+import trio
+
+from inboxd import __version__
+from inboxd.config import WebhooksConfig
+from inboxd.errors import Unprocessable
+
+MAX_URL_LEN: Final = 2048
+USER_AGENT: Final = f"inboxd/{__version__}"
+
+
+def invalid_url(message: str) -> Unprocessable:
+    return Unprocessable(message, code="invalid_url")
+
+
+def _address_allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def validate_url(url: str, *, allow_private: bool) -> str:
+    """Check a webhook URL as it is saved; raises ``invalid_url`` naming what is wrong."""
+    if len(url) > MAX_URL_LEN:
+        raise invalid_url(f"the URL is longer than {MAX_URL_LEN} characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise invalid_url("the URL cannot be parsed") from None
+    if parts.scheme.lower() != "https":
+        raise invalid_url("the URL must use https")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise invalid_url("the URL must not contain credentials")
+    host = parts.hostname
+    if not host:
+        raise invalid_url("the URL has no host")
+    if any(c.isspace() for c in url):
+        raise invalid_url("the URL must not contain white space")
+    if port == 0:
+        raise invalid_url("the URL's port must not be 0")
+    if allow_private:
+        return url
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        lowered = host.lower().rstrip(".")
+        if lowered == "localhost" or lowered.endswith((".localhost", ".local", ".internal")):
+            raise invalid_url("the URL's host is a local name") from None
+        if "." not in lowered:
+            raise invalid_url("the URL's host must be a fully qualified domain name") from None
+        return url
+    if not _address_allowed(ip):
+        raise invalid_url("the URL's host is a loopback, private or otherwise non-public address")
+    return url
+
+
+class BlockedAddress(httpcore.ConnectError):
+    """The host resolved to an address deliveries may not go to."""
+
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's trio backend, resolving and checking the host before it connects."""
+
+    def __init__(self, allow_private: bool) -> None:
+        self._inner = httpcore.TrioBackend()
+        self._allow_private = allow_private
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore defines this interface)
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if scope.cancelled_caught:
+            raise httpcore.ConnectTimeout(f"resolving {host} timed out")
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if not addresses:
+            raise httpcore.ConnectError(f"{host} did not resolve")
+        if not self._allow_private:
+            for address in addresses:
+                if not _address_allowed(ipaddress.ip_address(address.split("%")[0])):
+                    raise BlockedAddress(
+                        f"{host} resolves to {address}, a non-public address; not delivering"
+                    )
+        last: Exception | None = None
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    address, port, timeout, local_address, socket_options
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore defines this interface)
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix sockets are not webhook targets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def ssl_context(config: WebhooksConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    # Trust what httpx trusts by default (certifi's bundle), plus the configured CA file.
+    ctx.load_verify_locations(certifi.where())
+    if config.ca_file:
+        ctx.load_verify_locations(config.ca_file)
+    return ctx
+
+
+def make_client(config: WebhooksConfig) -> httpx.AsyncClient:
+    """The shared client for deliveries: guarded connects, no redirects, the configured timeout."""
+    transport = httpx.AsyncHTTPTransport(verify=ssl_context(config), retries=0)
+    # httpx has no public hook for the network backend; the pool is replaced with one built the
+    # same way around GuardedBackend (tests/test_webhook_client.py proves the guard is in force).
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=ssl_context(config),
+        max_connections=100,
+        max_keepalive_connections=20,
+        keepalive_expiry=5.0,
+        http1=True,
+        http2=False,
+        retries=0,
+        network_backend=GuardedBackend(config.allow_private_hosts),
+    )
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=httpx.Timeout(config.request_timeout),
+        follow_redirects=False,
+        headers={"User-Agent": USER_AGENT},
+    )
+
+
+def sign(secret: str, body: bytes) -> str:
+    """``sha256=`` + lowercase hex HMAC-SHA256 of the exact body, keyed with the secret's UTF-8."""
+    return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+
+
+@attrs.frozen
+class Outcome:
+    status: int | None
+    error: str | None
+    duration_ms: float
+    retry_after: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    if response.status_code not in (429, 503):
+        return None
+    raw = response.headers.get("retry-after", "").strip()
+    return float(raw) if raw.isdigit() else None
+
+
+async def post_event(
+    client: httpx.AsyncClient,
+    url: str,
+    secret: str,
+    body: bytes,
+    event_type: str,
+    delivery_id: str,
+) -> Outcome:
+    """One signed POST. Never raises for what the receiver or the network does."""
+    headers = {
+        "Content-Type": "application/json",
+        "X-Svc-Event": event_type,
+        "X-Svc-Delivery": delivery_id,
+        "X-Svc-Signature": sign(secret, body),
+    }
+    started = time.perf_counter()
+
+    def took() -> float:
+        return round((time.perf_counter() - started) * 1000, 2)
+
+    try:
+        response = await client.post(url, content=body, headers=headers)
+    except httpx.TimeoutException:
+        return Outcome(status=None, error="timeout", duration_ms=took())
+    except BlockedAddress as exc:
+        return Outcome(status=None, error=str(exc), duration_ms=took())
+    except httpx.ConnectError as exc:
+        cause = exc.__cause__ or exc
+        if isinstance(cause, BlockedAddress):
+            return Outcome(status=None, error=str(cause), duration_ms=took())
+        return Outcome(status=None, error=f"connection failed: {exc}"[:300], duration_ms=took())
+    except httpx.HTTPError as exc:
+        return Outcome(status=None, error=f"{type(exc).__name__}: {exc}"[:300], duration_ms=took())
+    status = response.status_code
+    error = None if 200 <= status < 300 else f"HTTP {status}"
+    return Outcome(
+        status=status, error=error, duration_ms=took(), retry_after=_retry_after(response)
+    )

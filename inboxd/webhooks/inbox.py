@@ -1,0 +1,125 @@
+"""The inbox webhook's deliverer: one task per account, events one at a time in commit order.
+
+::
+
+    loop:
+        next event after the delivery cursor (or a queued redelivery)?  none -> wait for a commit
+        attempt 1..N+1: POST it signed with the secret current at that moment
+            2xx              -> delivered, cursor moves past it
+            anything else    -> logged; sleep retry_schedule[i] (+ up to 20 % jitter, at least a
+                                Retry-After, capped at 2 h more) and try again
+            after the last   -> given up, cursor moves past it, the next event goes
+
+The cursor lives in the store, so a restart resumes at the first event not yet delivered
+(at-least-once: an event whose 2xx was not yet recorded is sent again; receivers dedupe on the
+envelope id). Errors are caught here: a failing store or receiver never takes the daemon down.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Final
+
+import httpx
+import trio
+
+from inboxd import ids
+from inboxd.config import InboxWebhookConfig
+from inboxd.store import webhooks
+from inboxd.store.db import Store
+from inboxd.timeutil import now_us
+from inboxd.webhooks.client import Outcome, post_event
+
+log = logging.getLogger("inboxd.inbox_webhook")
+
+JITTER: Final = 0.2
+RETRY_AFTER_CAP: Final = 2 * 3600.0
+STORE_ERROR_BACKOFF: Final = 5.0
+
+
+def retry_delay(
+    schedule: tuple[float, ...], attempt: int, outcome: Outcome, rng: random.Random
+) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+    base = schedule[attempt - 1]
+    delay = base * (1 + rng.uniform(0, JITTER))
+    if outcome.retry_after is not None:
+        delay = max(delay, min(outcome.retry_after, base + RETRY_AFTER_CAP))
+    return delay
+
+
+class InboxWebhookDeliverer:
+    def __init__(
+        self,
+        store: Store,
+        client: httpx.AsyncClient,
+        config: InboxWebhookConfig,
+        account_pk: int,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._schedule = config.retry_schedule
+        self._account_pk = account_pk
+        self._rng = rng or random.Random()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            version = self._store.commits.version
+            try:
+                work = await self._store.read(webhooks.next_work, self._account_pk)
+                if work is None:
+                    await self._store.commits.wait_past(version)
+                    continue
+                await self._deliver(work)
+            except Exception:
+                log.exception("inbox webhook delivery failed; retrying shortly")
+                await trio.sleep(STORE_ERROR_BACKOFF)
+
+    async def _deliver(self, work: webhooks.Work) -> None:
+        event = work.event
+        delivery_id = ids.new_id("dlv")
+        attempts = len(self._schedule) + 1
+        for attempt in range(1, attempts + 1):
+            hook = await self._store.read(webhooks.get, self._account_pk)
+            if hook is None:
+                return  # deleted: later changes are not delivered until a URL is saved again
+            if work.redelivery_pk is None and hook.delivered_seq >= event.seq:
+                return  # the webhook was saved anew after this event
+            outcome = await post_event(
+                self._client, hook.url, hook.secret, event.body, event.type, delivery_id
+            )
+            final = attempt == attempts
+            result = "delivered" if outcome.ok else "given_up" if final else "failed"
+            await self._store.write(
+                webhooks.record_attempt,
+                self._account_pk,
+                webhooks.Attempt(
+                    event_seq=event.seq,
+                    delivery_id=delivery_id,
+                    attempt=attempt,
+                    outcome=result,
+                    status=outcome.status,
+                    error=outcome.error,
+                    duration_ms=outcome.duration_ms,
+                    at=now_us(),
+                ),
+                work.redelivery_pk,
+            )
+            log.info(
+                "inbox webhook attempt",
+                extra={
+                    "event": event.id,
+                    "type": event.type,
+                    "attempt": attempt,
+                    "outcome": result,
+                    "status": outcome.status,
+                    "error": outcome.error,
+                    "ms": outcome.duration_ms,
+                },
+            )
+            if result != "failed":
+                return
+            await trio.sleep(retry_delay(self._schedule, attempt, outcome, self._rng))

@@ -1,0 +1,91 @@
+"""The outgoing client: URL rules, the connect-time address check, signing, no redirects."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+
+import pytest
+
+from inboxd.config import WebhooksConfig
+from inboxd.errors import Unprocessable
+from inboxd.webhooks.client import make_client, post_event, sign, validate_url
+from tests.receiver import make_certs, running_receiver
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1/x",
+        "https://10.1.2.3/x",
+        "https://192.168.0.10/x",
+        "https://172.16.5.4/x",
+        "https://169.254.169.254/latest/meta-data",
+        "https://[::1]/x",
+        "https://[::ffff:127.0.0.1]/x",
+        "https://[fd00::1]/x",
+        "https://0.0.0.0/x",
+        "https://localhost/x",
+        "https://api.localhost/x",
+        "https://intranet/x",
+    ],
+)
+def test_private_hosts_are_refused_unless_allowed(url: str) -> None:
+    with pytest.raises(Unprocessable) as info:
+        validate_url(url, allow_private=False)
+    assert info.value.code == "invalid_url"
+    assert validate_url(url, allow_private=True) == url
+
+
+@pytest.mark.parametrize(
+    "url", ["https://hooks.example.com/x", "https://8.8.8.8/x", "https://hooks.example.com:8443/"]
+)
+def test_public_https_urls_pass(url: str) -> None:
+    assert validate_url(url, allow_private=False) == url
+
+
+def test_signature_is_lowercase_hex_hmac_sha256_of_the_exact_body() -> None:
+    body = b'{"id":"evt_1","type":"x","createdAt":"2026-01-01T00:00:00.000000Z","data":{}}'
+    expected = hmac.new(b"whsec_abc", body, hashlib.sha256).hexdigest()
+    assert sign("whsec_abc", body) == f"sha256={expected}"
+    assert expected == expected.lower()
+
+
+async def test_a_name_resolving_to_a_private_address_is_refused_at_connect_time(
+    tmp_path: Path,
+) -> None:
+    certs = make_certs(tmp_path)
+    async with running_receiver(certs) as receiver:
+        port = receiver.url.split(":")[2].split("/")[0]
+        # "localhost" passes no save-time check here (think of a public name whose DNS answer
+        # later turns private): the connect-time guard must stop it.
+        url = f"https://localhost:{port}/hook"
+        guarded = make_client(WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=False))
+        async with guarded:
+            outcome = await post_event(guarded, url, "whsec_x", b"{}", "t", "dlv_1")
+        assert outcome.status is None
+        assert outcome.error is not None and "non-public address" in outcome.error
+        assert receiver.requests == []
+        allowed = make_client(WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True))
+        async with allowed:
+            ok = await post_event(allowed, url, "whsec_x", b"{}", "t", "dlv_1")
+        assert ok.ok and ok.status == 200
+        assert len(receiver.requests) == 1
+
+
+async def test_redirects_are_not_followed_and_tls_is_verified(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    async with running_receiver(certs) as receiver:
+        receiver.statuses.append((302, {"Location": "https://127.0.0.1:1/elsewhere"}))
+        client = make_client(WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True))
+        async with client:
+            outcome = await post_event(client, receiver.url, "whsec_x", b"{}", "t", "dlv_1")
+        assert outcome.status == 302 and not outcome.ok and outcome.error == "HTTP 302"
+        assert len(receiver.requests) == 1
+        # Without the local CA the receiver's certificate is not trusted.
+        untrusting = make_client(WebhooksConfig(allow_private_hosts=True))
+        async with untrusting:
+            refused = await post_event(untrusting, receiver.url, "whsec_x", b"{}", "t", "dlv_2")
+        assert refused.status is None and refused.error is not None
+        assert len(receiver.requests) == 1
