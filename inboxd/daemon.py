@@ -6,7 +6,8 @@
     └── nursery
         ├── hypercorn (trio worker) serving the quart-trio app    (API, and later the feed)
         ├── inbox webhook deliverer, one per account                (webhooks/inbox.py)
-        └── key-usage flusher                                      (lastUsedAt, batched)
+        ├── mailer: sends the mail outbox after commit               (mailer.py)
+        └── housekeeping: lastUsedAt in batches, old Idempotency-Keys
 
 ``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
 after ``shutdown`` is set: hypercorn stops accepting, lets in-flight requests finish (at most
@@ -28,8 +29,10 @@ from hypercorn.trio import serve
 
 from inboxd.api.app import AppState, create_app
 from inboxd.config import Config
-from inboxd.store import accounts, webhooks
+from inboxd.mailer import Mailer
+from inboxd.store import accounts, idempotency, webhooks
 from inboxd.store.db import Store
+from inboxd.timeutil import now_us
 from inboxd.webhooks.client import make_client
 from inboxd.webhooks.inbox import InboxWebhookDeliverer
 
@@ -59,10 +62,15 @@ async def _flush_key_usage(app_state: AppState) -> None:
         log.exception("could not record key usage")
 
 
-async def _key_usage_flusher(app_state: AppState) -> None:
+async def _housekeeping(app_state: AppState) -> None:
+    """Now and then: record keys' lastUsedAt, forget Idempotency-Keys older than 24 h."""
     while True:
         await trio.sleep(KEY_USAGE_FLUSH_SECONDS)
         await _flush_key_usage(app_state)
+        try:
+            await app_state.store.write(idempotency.prune, now_us())
+        except Exception:
+            log.exception("could not prune idempotency keys")
 
 
 async def run(
@@ -97,7 +105,8 @@ async def run(
                 nursery.cancel_scope.cancel()
 
             urls: list[str] = await nursery.start(serve_api)
-            nursery.start_soon(_key_usage_flusher, app_state)
+            nursery.start_soon(_housekeeping, app_state)
+            await nursery.start(Mailer(store, config.mail, data_dir).run)
             for account_pk in await store.read(webhooks.account_pks):
                 deliverer = InboxWebhookDeliverer(store, client, config.inbox_webhook, account_pk)
                 await nursery.start(deliverer.run)

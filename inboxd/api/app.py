@@ -11,7 +11,9 @@ Routes live in the sibling modules; this module owns what every request goes thr
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 import time
 from typing import Any, Final, cast
 
@@ -23,9 +25,9 @@ from werkzeug.exceptions import HTTPException
 from inboxd.api.http import json_response
 from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
 from inboxd.config import Config
-from inboxd.errors import InboxError, RateLimited, Unauthorized
+from inboxd.errors import InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.model import Principal
-from inboxd.store import accounts
+from inboxd.store import accounts, idempotency
 from inboxd.store.db import Store
 from inboxd.timeutil import now_us
 
@@ -71,8 +73,9 @@ def principal() -> Principal:
     return cast(Principal, g.principal)
 
 
-async def authenticate() -> None:
-    """``before_request`` of the API blueprints: resolve the key, then apply the rate limit."""
+async def authenticate() -> Response | None:
+    """``before_request`` of the API blueprints: resolve the key, apply the rate limit, and
+    answer a repeated Idempotency-Key with the first response."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     token = token.strip()
@@ -89,6 +92,49 @@ async def authenticate() -> None:
         )
     st.key_usage[who.key_pk] = now_us()
     g.principal = who
+    return await _idempotency_claim(who)
+
+
+IDEMPOTENT_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_IDEMPOTENCY_KEY: Final = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+async def _idempotency_claim(who: Principal) -> Response | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None or request.method not in IDEMPOTENT_METHODS:
+        return None
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise InvalidRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
+    body = await request.get_data(as_text=False)
+    assert isinstance(body, bytes)
+    fingerprint = hashlib.sha256(
+        b"\0".join([request.method.encode(), request.full_path.encode(), body])
+    ).digest()
+    stored = await state().store.write(idempotency.claim, who.user_pk, key, fingerprint, now_us())
+    if stored is not None:
+        return Response(
+            stored.body,
+            status=stored.status,
+            content_type="application/json",
+            headers={"Idempotent-Replayed": "true"},
+        )
+    g.idempotency_key = key
+    return None
+
+
+async def _idempotency_complete(response: Response) -> None:
+    key = g.pop("idempotency_key", None)
+    if key is None:
+        return
+    store, user_pk = state().store, principal().user_pk
+    try:
+        if response.status_code >= 500:
+            await store.write(idempotency.release, user_pk, key)
+        else:
+            body = await response.get_data()
+            await store.write(idempotency.complete, user_pk, key, response.status_code, body)
+    except Exception:
+        log.exception("could not record the Idempotency-Key response")
 
 
 def _error_response(exc: InboxError) -> Response:
@@ -96,7 +142,7 @@ def _error_response(exc: InboxError) -> Response:
 
 
 def create_app(store: Store, config: Config) -> QuartTrio:
-    from inboxd.api import inbox, messaging, ops, webhook  # the routes import this module
+    from inboxd.api import inbox, messaging, ops, team, webhook  # they import this module
 
     app = QuartTrio("inboxd")
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
@@ -112,6 +158,8 @@ def create_app(store: Store, config: Config) -> QuartTrio:
     app.register_blueprint(inbox.blueprint)
     app.register_blueprint(messaging.blueprint)
     app.register_blueprint(webhook.blueprint)
+    app.register_blueprint(team.public)
+    app.register_blueprint(team.blueprint)
 
     @app.before_request
     async def start_timer() -> None:
@@ -119,6 +167,7 @@ def create_app(store: Store, config: Config) -> QuartTrio:
 
     @app.after_request
     async def log_access(response: Response) -> Response:
+        await _idempotency_complete(response)
         started = getattr(g, "started", None)
         access_log.info(
             "request",

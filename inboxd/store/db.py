@@ -163,6 +163,11 @@ class Store:
             raise StoreError(f"{db_path(data_dir)} is not a usable inboxd store: {exc}") from None
         return cls(data_dir, readers, offload)
 
+    @property
+    def offload(self) -> bool:
+        """Whether blocking work runs in worker threads (False only for MockClock tests)."""
+        return self._offload
+
     def close(self) -> None:
         for conn in [self._writer, *self._readers]:
             conn.close()

@@ -277,4 +277,51 @@ CREATE TABLE webhook_redeliveries (
 CREATE INDEX webhook_redeliveries_account ON webhook_redeliveries(account_pk, pk);
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2)
+_V3: Final = """
+-- Team invites (CONTRACT section 6). The token is mailed to the invitee and stored as a hash.
+CREATE TABLE invites (
+    pk             INTEGER PRIMARY KEY,
+    id             TEXT NOT NULL UNIQUE,
+    account_pk     INTEGER NOT NULL REFERENCES accounts(pk),
+    email          TEXT NOT NULL,
+    channel_ids    TEXT NOT NULL,  -- JSON array of channel ids
+    token_hash     BLOB NOT NULL UNIQUE,
+    invited_by_pk  INTEGER NOT NULL REFERENCES users(pk),
+    created_at     INTEGER NOT NULL,
+    expires_at     INTEGER NOT NULL,
+    accepted_at    INTEGER,
+    revoked_at     INTEGER,
+    user_pk        INTEGER REFERENCES users(pk)
+);
+CREATE INDEX invites_account ON invites(account_pk, pk);
+
+-- Mail waiting to be sent: queued in the transaction that decides to send it, sent after commit,
+-- marked sent afterwards (exactly one mail per decision, also across a crash).
+CREATE TABLE mail_outbox (
+    pk           INTEGER PRIMARY KEY,
+    account_pk   INTEGER NOT NULL REFERENCES accounts(pk),
+    to_addr      TEXT NOT NULL,
+    subject      TEXT NOT NULL,
+    body         TEXT NOT NULL,
+    headers      TEXT NOT NULL DEFAULT '{}',  -- JSON object of extra headers
+    created_at   INTEGER NOT NULL,
+    sent_at      INTEGER,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    last_error   TEXT
+);
+CREATE INDEX mail_outbox_pending ON mail_outbox(pk) WHERE sent_at IS NULL;
+
+-- Idempotency-Key records (CONTRACT section 6): the first response to a key, for 24 h.
+CREATE TABLE idempotency_keys (
+    user_pk      INTEGER NOT NULL REFERENCES users(pk),
+    key          TEXT NOT NULL,
+    fingerprint  BLOB NOT NULL,
+    created_at   INTEGER NOT NULL,
+    status       INTEGER,           -- NULL while the first request is still running
+    body         BLOB,
+    PRIMARY KEY (user_pk, key)
+) WITHOUT ROWID;
+CREATE INDEX idempotency_keys_created ON idempotency_keys(created_at);
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3)

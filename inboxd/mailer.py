@@ -1,0 +1,128 @@
+"""The mailer: sends what the store's mail outbox holds, after the deciding transaction commits.
+
+With ``mail.smtp_host`` empty, each mail is written as ``DATA/mail/outbox/<n>.eml`` (the name comes
+from the outbox row, so writing it twice after a crash still leaves one file). Otherwise it goes
+to the SMTP server (STARTTLS and login when configured). A failing mail server never blocks
+anything else: the mail is retried with growing pauses until it goes, and every mail carries a
+stable Message-ID so that a resend after a crash can be recognised as the same mail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import smtplib
+import ssl
+from collections.abc import Callable
+from email.message import EmailMessage
+from email.utils import formatdate
+from pathlib import Path
+from typing import Final
+
+import trio
+
+from inboxd.config import MailConfig
+from inboxd.store import mail
+from inboxd.store.db import Store
+from inboxd.timeutil import now_us
+
+log = logging.getLogger("inboxd.mailer")
+
+RETRY_PAUSES: Final = (30.0, 120.0, 600.0, 1800.0, 3600.0)
+BATCH: Final = 50
+SMTP_TIMEOUT: Final = 30.0
+
+
+def outbox_dir(data_dir: Path) -> Path:
+    return data_dir / "mail" / "outbox"
+
+
+def build_message(m: mail.Mail, config: MailConfig) -> EmailMessage:
+    msg = EmailMessage()
+    msg["From"] = config.from_
+    msg["To"] = m.to_addr
+    msg["Subject"] = m.subject
+    msg["Date"] = formatdate(usegmt=True)
+    domain = config.from_.rpartition("@")[2] or "inboxd.local"
+    msg["Message-ID"] = f"<inboxd-mail-{m.pk}@{domain}>"
+    for name, value in m.headers.items():
+        msg[name] = value
+    msg.set_content(m.body)
+    return msg
+
+
+def _send_smtp(msg: EmailMessage, config: MailConfig) -> None:
+    with smtplib.SMTP(config.smtp_host, config.smtp_port, timeout=SMTP_TIMEOUT) as smtp:
+        if config.starttls:
+            smtp.starttls(context=ssl.create_default_context())
+        if config.username:
+            smtp.login(config.username, config.password)
+        smtp.send_message(msg)
+
+
+def _write_eml(msg: EmailMessage, directory: Path, pk: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{pk:010d}.eml"
+    tmp = target.with_suffix(".eml.tmp")
+    tmp.write_bytes(bytes(msg))
+    os.replace(tmp, target)
+    return target
+
+
+class Mailer:
+    def __init__(self, store: Store, config: MailConfig, data_dir: Path) -> None:
+        self._store = store
+        self._config = config
+        self._outbox = outbox_dir(data_dir)
+        self._retry_at: dict[int, float] = {}  # outbox pk -> trio time of the next try
+
+    async def send(self, m: mail.Mail) -> None:
+        msg = build_message(m, self._config)
+        if not self._config.smtp_host:
+            await self._blocking(_write_eml, msg, self._outbox, m.pk)
+        else:
+            await self._blocking(_send_smtp, msg, self._config)
+
+    async def _blocking(self, fn: Callable[..., object], *args: object) -> None:
+        # Off the loop, like the store; inline only where the store is (MockClock tests).
+        if self._store.offload:
+            await trio.to_thread.run_sync(fn, *args)
+        else:
+            fn(*args)
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            version = self._store.commits.version
+            try:
+                waiting = await self._round()
+            except Exception:
+                log.exception("mail outbox round failed")
+                waiting = trio.current_time() + RETRY_PAUSES[0]
+            with trio.move_on_at(waiting):
+                await self._store.commits.wait_past(version)
+
+    async def _round(self) -> float:
+        """Send every due mail; return the trio time of the next retry (inf if none)."""
+        pending = await self._store.read(mail.pending, 0, BATCH)
+        now = trio.current_time()
+        for m in pending:
+            if self._retry_at.get(m.pk, 0.0) > now:
+                continue
+            try:
+                await self.send(m)
+            except Exception as exc:  # the mail server, not us: retry later
+                pause = RETRY_PAUSES[min(m.attempts, len(RETRY_PAUSES) - 1)]
+                self._retry_at[m.pk] = trio.current_time() + pause
+                await self._store.write(mail.mark_failed, m.pk, f"{type(exc).__name__}: {exc}")
+                log.warning(
+                    "mail not sent; will retry",
+                    extra={"mail": m.pk, "to": m.to_addr, "error": str(exc), "retry_in": pause},
+                )
+                continue
+            await self._store.write(mail.mark_sent, m.pk, now_us())
+            self._retry_at.pop(m.pk, None)
+            log.info("mail sent", extra={"mail": m.pk, "to": m.to_addr, "subject": m.subject})
+        if len(pending) == BATCH:
+            return trio.current_time()  # more to do right away
+        return min(self._retry_at.values(), default=float("inf"))

@@ -1,0 +1,70 @@
+"""SQL for the mail outbox: queue in the deciding transaction, mark sent after sending."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+
+import attrs
+
+
+@attrs.frozen
+class Mail:
+    pk: int
+    to_addr: str
+    subject: str
+    body: str
+    headers: dict[str, str]
+    attempts: int
+
+
+def queue(
+    conn: sqlite3.Connection,
+    account_pk: int,
+    to_addr: str,
+    subject: str,
+    body: str,
+    now: int,
+    headers: Mapping[str, str] | None = None,
+) -> int:
+    cur = conn.execute(
+        "INSERT INTO mail_outbox (account_pk, to_addr, subject, body, headers, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (account_pk, to_addr, subject, body, json.dumps(dict(headers or {})), now),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def pending(conn: sqlite3.Connection, after_pk: int, limit: int) -> list[Mail]:
+    rows = conn.execute(
+        "SELECT pk, to_addr, subject, body, headers, attempts FROM mail_outbox"
+        " WHERE sent_at IS NULL AND pk > ? ORDER BY pk LIMIT ?",
+        (after_pk, limit),
+    ).fetchall()
+    return [
+        Mail(
+            pk=r["pk"],
+            to_addr=r["to_addr"],
+            subject=r["subject"],
+            body=r["body"],
+            headers=json.loads(r["headers"]),
+            attempts=r["attempts"],
+        )
+        for r in rows
+    ]
+
+
+def mark_sent(conn: sqlite3.Connection, pk: int, now: int) -> None:
+    conn.execute(
+        "UPDATE mail_outbox SET sent_at = ?, attempts = attempts + 1, last_error = NULL"
+        " WHERE pk = ?",
+        (now, pk),
+    )
+
+
+def mark_failed(conn: sqlite3.Connection, pk: int, error: str) -> None:
+    conn.execute(
+        "UPDATE mail_outbox SET attempts = attempts + 1, last_error = ? WHERE pk = ?",
+        (error[:500], pk),
+    )

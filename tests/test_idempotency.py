@@ -1,0 +1,78 @@
+"""Idempotency-Key (CONTRACT section 6): a retry gets the first response and changes nothing."""
+
+from __future__ import annotations
+
+import httpx
+
+from inboxd.store.db import Store
+from tests import arrange
+from tests.conftest import Seed, auth, ingest
+
+CONV = "/api/v1/inbox/conversations"
+
+
+async def test_repeat_returns_the_first_response_and_changes_nothing(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="hi"))["conversationId"]
+    key = {"Idempotency-Key": "close-1"}
+    first = await owner.patch(f"{CONV}/{conv}/status", json={"status": "CLOSED"}, headers=key)
+    assert first.status_code == 200
+    again = await owner.patch(f"{CONV}/{conv}/status", json={"status": "CLOSED"}, headers=key)
+    assert again.status_code == 200  # without the key this would be 409 status_unchanged
+    assert again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    assert arrange.event_types(store).count("inbox.conversation.status_changed") == 1
+    plain = await owner.patch(f"{CONV}/{conv}/status", json={"status": "CLOSED"})
+    assert plain.status_code == 409
+
+
+async def test_same_key_with_another_body_is_422(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="hi"))["conversationId"]
+    key = {"Idempotency-Key": "k-1"}
+    await owner.patch(f"{CONV}/{conv}/title", json={"title": "A"}, headers=key)
+    other = await owner.patch(f"{CONV}/{conv}/title", json={"title": "B"}, headers=key)
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    elsewhere = await owner.post(f"{CONV}/{conv}/block", headers=key)
+    assert elsewhere.status_code == 422
+
+
+async def test_errors_are_replayed_too_and_keys_are_per_user(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="hi"))["conversationId"]
+    key = {"Idempotency-Key": "unblock-1"}
+    first = await owner.post(f"{CONV}/{conv}/unblock", headers=key)
+    assert first.status_code == 409
+    await owner.post(f"{CONV}/{conv}/block")
+    replay = await owner.post(f"{CONV}/{conv}/unblock", headers=key)
+    assert replay.status_code == 409 and replay.json() == first.json()
+    as_bob = await owner.post(f"{CONV}/{conv}/unblock", headers={**key, **auth(seeded.bob_key)})
+    assert as_bob.status_code == 200
+
+
+async def test_ingestion_retry_with_a_key(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    body = {
+        "channelId": seeded.sales_id,
+        "direction": "INBOUND",
+        "contact": {"phoneNumber": "15550001"},
+        "type": "TEXT",
+        "content": "no externalId here",
+    }
+    key = {"Idempotency-Key": "msg-1"}
+    first = await owner.post("/api/v1/messaging/messages", json=body, headers=key)
+    again = await owner.post("/api/v1/messaging/messages", json=body, headers=key)
+    assert first.status_code == again.status_code == 201
+    assert again.json()["id"] == first.json()["id"]
+    count = store.read_sync(lambda c: c.execute("SELECT count(*) FROM messages").fetchone()[0])
+    assert count == 1
+
+
+async def test_bad_keys_are_400(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="hi"))["conversationId"]
+    for bad in ("", "has space", "x" * 256):
+        r = await owner.post(f"{CONV}/{conv}/block", headers={"Idempotency-Key": bad})
+        assert r.status_code == 400, bad
