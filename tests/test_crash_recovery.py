@@ -1,0 +1,104 @@
+"""SIGKILL between a change and its delivery: after a restart the event arrives (CONTRACT s. 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.conftest import Seed, auth
+from tests.receiver import make_certs, running_receiver
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_daemon(data: Path, port: int, ca_file: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
+        "INBOXD_WEBHOOKS_CA_FILE": str(ca_file),
+        "INBOXD_WEBHOOKS_ALLOW_PRIVATE_HOSTS": "true",
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inboxd",
+            "serve",
+            "--data",
+            str(data),
+            "--bind",
+            f"127.0.0.1:{port}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def wait_ready(client: httpx.AsyncClient) -> None:
+    with trio.fail_after(30):
+        while True:
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await trio.sleep(0.05)
+
+
+async def test_sigkill_before_delivery_then_restart_delivers(seeded: Seed, tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "tls")
+    port = free_port()
+    async with (
+        running_receiver(certs) as receiver,
+        httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers=auth(seeded.owner_key), timeout=10
+        ) as api,
+    ):
+        receiver.statuses += [503] * 5  # the receiver is down while the first daemon runs
+        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
+        try:
+            await wait_ready(api)
+            assert (
+                await api.put("/api/v1/inbox/webhook", json={"url": receiver.url})
+            ).status_code == 200
+            msg = await api.post(
+                "/api/v1/messaging/messages",
+                json={
+                    "channelId": seeded.sales_id,
+                    "direction": "INBOUND",
+                    "contact": {"phoneNumber": "15550001"},
+                    "type": "TEXT",
+                    "content": "hi",
+                },
+            )
+            conv = msg.json()["conversationId"]
+            assert (await api.post(f"/api/v1/inbox/conversations/{conv}/block")).status_code == 200
+            (failed,) = await receiver.wait_for(1, within=30)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        receiver.statuses.clear()  # the receiver is back
+        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
+        try:
+            await wait_ready(api)
+            got = await receiver.wait_for(2, within=30)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+    delivered = json.loads(got[1].body)
+    assert delivered["type"] == "inbox.conversation.blocked"
+    assert delivered["id"] == json.loads(failed.body)["id"]
+    assert got[1].body == failed.body  # the bytes serialised at commit, unchanged
