@@ -28,11 +28,11 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
 from inboxd.api.app import AppState, create_app
+from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.mailer import Mailer
 from inboxd.store import accounts, idempotency, webhooks
 from inboxd.store.db import Store
-from inboxd.timeutil import now_us
 from inboxd.webhooks.client import make_client
 from inboxd.webhooks.inbox import InboxWebhookDeliverer
 
@@ -68,7 +68,7 @@ async def _housekeeping(app_state: AppState) -> None:
         await trio.sleep(KEY_USAGE_FLUSH_SECONDS)
         await _flush_key_usage(app_state)
         try:
-            await app_state.store.write(idempotency.prune, now_us())
+            await app_state.store.write(idempotency.prune, app_state.clock.now_us())
         except Exception:
             log.exception("could not prune idempotency keys")
 
@@ -80,17 +80,19 @@ async def run(
     *,
     bind: str | None = None,
     offload_store: bool = True,
+    clock: Clock | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown`` is set. Reports the bound URLs when ready.
 
-    ``offload_store=False`` keeps SQLite on the trio thread; only tests on MockClock want that
-    (see ``Store``).
+    ``offload_store=False`` keeps SQLite on the trio thread and ``clock=TrioClock()`` makes wall
+    time follow trio's clock; only tests on MockClock want those (see ``Store`` and clock.py).
     """
+    clock = clock or SystemClock()
     store = await trio.to_thread.run_sync(
         partial(Store.open, data_dir, create=False, offload=offload_store)
     )
-    app = create_app(store, config)
+    app = create_app(store, config, clock)
     app_state: AppState = app.extensions["inboxd"]
     hc = hypercorn_config(config, bind or config.server.bind)
     client = make_client(config.webhooks)
@@ -106,9 +108,11 @@ async def run(
 
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
-            await nursery.start(Mailer(store, config.mail, data_dir).run)
+            await nursery.start(Mailer(store, config.mail, data_dir, clock).run)
             for account_pk in await store.read(webhooks.account_pks):
-                deliverer = InboxWebhookDeliverer(store, client, config.inbox_webhook, account_pk)
+                deliverer = InboxWebhookDeliverer(
+                    store, client, config.inbox_webhook, account_pk, clock
+                )
                 await nursery.start(deliverer.run)
             log.info("listening", extra={"urls": urls, "data": str(data_dir)})
             task_status.started(urls)

@@ -21,10 +21,10 @@ from typing import Final
 
 import trio
 
+from inboxd.clock import Clock
 from inboxd.config import MailConfig
 from inboxd.store import mail
 from inboxd.store.db import Store
-from inboxd.timeutil import now_us
 
 log = logging.getLogger("inboxd.mailer")
 
@@ -70,8 +70,9 @@ def _write_eml(msg: EmailMessage, directory: Path, pk: int) -> Path:
 
 
 class Mailer:
-    def __init__(self, store: Store, config: MailConfig, data_dir: Path) -> None:
+    def __init__(self, store: Store, config: MailConfig, data_dir: Path, clock: Clock) -> None:
         self._store = store
+        self._clock = clock
         self._config = config
         self._outbox = outbox_dir(data_dir)
         self._retry_at: dict[int, float] = {}  # outbox pk -> trio time of the next try
@@ -120,7 +121,7 @@ class Mailer:
                     extra={"mail": m.pk, "to": m.to_addr, "error": str(exc), "retry_in": pause},
                 )
                 continue
-            await self._store.write(mail.mark_sent, m.pk, now_us())
+            await self._store.write(mail.mark_sent, m.pk, self._clock.now_us())
             self._retry_at.pop(m.pk, None)
             log.info("mail sent", extra={"mail": m.pk, "to": m.to_addr, "subject": m.subject})
         if len(pending) == BATCH:

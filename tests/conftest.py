@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from inboxd import daemon
+from inboxd.clock import TrioClock
 from inboxd.config import Config, LimitsConfig
 from inboxd.store import accounts
 from inboxd.store.db import Store
@@ -109,6 +110,7 @@ async def base_url(seeded: Seed, config: Config) -> AsyncIterator[str]:
                 shutdown,
                 bind="127.0.0.1:0",
                 offload_store=not on_mock_clock(),
+                clock=TrioClock(),
                 task_status=task_status,
             )
         )

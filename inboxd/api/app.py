@@ -24,12 +24,12 @@ from werkzeug.exceptions import HTTPException
 
 from inboxd.api.http import json_response
 from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
+from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.errors import InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.model import Principal
 from inboxd.store import accounts, idempotency
 from inboxd.store.db import Store
-from inboxd.timeutil import now_us
 
 log = logging.getLogger("inboxd.api")
 access_log = logging.getLogger("inboxd.access")
@@ -59,6 +59,7 @@ class AppState:
     store: Store
     config: Config
     limiter: RateLimiter
+    clock: Clock
     # key pk -> last time it was used; flushed to the store by the daemon now and then, so that a
     # request does not pay for a write just to record lastUsedAt.
     key_usage: dict[int, int] = attrs.Factory(dict)
@@ -67,6 +68,11 @@ class AppState:
 
 def state() -> AppState:
     return cast(AppState, current_app.extensions["inboxd"])
+
+
+def now_us() -> int:
+    """The daemon's wall clock (see clock.py), for timestamps written by requests."""
+    return state().clock.now_us()
 
 
 def principal() -> Principal:
@@ -141,7 +147,7 @@ def _error_response(exc: InboxError) -> Response:
     return json_response(exc.body(), exc.status, exc.headers())
 
 
-def create_app(store: Store, config: Config) -> QuartTrio:
+def create_app(store: Store, config: Config, clock: Clock | None = None) -> QuartTrio:
     from inboxd.api import inbox, messaging, ops, team, webhook  # they import this module
 
     app = QuartTrio("inboxd")
@@ -153,6 +159,7 @@ def create_app(store: Store, config: Config) -> QuartTrio:
         limiter=RateLimiter(
             config.limits.requests_per_second, config.limits.burst, clock=time.monotonic
         ),
+        clock=clock or SystemClock(),
     )
     app.register_blueprint(ops.blueprint)
     app.register_blueprint(inbox.blueprint)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quart import Blueprint, Response
 
 from inboxd import cursors, wire
-from inboxd.api.app import authenticate, principal, state
+from inboxd.api.app import authenticate, now_us, principal, state
 from inboxd.api.http import (
     arg_bool,
     arg_choice,
@@ -19,7 +19,6 @@ from inboxd.api.http import (
 from inboxd.errors import InvalidRequest
 from inboxd.model import SETTABLE_STATUSES, Conversation
 from inboxd.store import accounts, actions, conversations, messages
-from inboxd.timeutil import now_us
 
 blueprint = Blueprint("inbox", __name__, url_prefix="/api/v1/inbox")
 blueprint.before_request(authenticate)

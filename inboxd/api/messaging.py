@@ -12,12 +12,11 @@ from typing import Any, Final
 from quart import Blueprint, Response
 
 from inboxd import wire
-from inboxd.api.app import authenticate, principal, state
+from inboxd.api.app import authenticate, now_us, principal, state
 from inboxd.api.http import field, field_instant, json_body, json_response
 from inboxd.errors import Forbidden, InvalidRequest
 from inboxd.model import DIRECTIONS, SYSTEM
 from inboxd.store import messages
-from inboxd.timeutil import now_us
 
 blueprint = Blueprint("messaging", __name__, url_prefix="/api/v1/messaging")
 blueprint.before_request(authenticate)

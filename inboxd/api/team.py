@@ -8,11 +8,11 @@ from typing import Any, Final
 from quart import Blueprint, Response
 
 from inboxd import wire
-from inboxd.api.app import authenticate, principal, state
+from inboxd.api.app import authenticate, now_us, principal, state
 from inboxd.api.http import field, json_body, json_response
 from inboxd.errors import InvalidRequest
 from inboxd.store import accounts, team
-from inboxd.timeutil import format_us, now_us
+from inboxd.timeutil import format_us
 
 blueprint = Blueprint("team", __name__, url_prefix="/api/v1/inbox")
 blueprint.before_request(authenticate)

@@ -7,11 +7,11 @@ from typing import Any
 from quart import Blueprint, Response
 
 from inboxd import cursors
-from inboxd.api.app import authenticate, principal, state
+from inboxd.api.app import authenticate, now_us, principal, state
 from inboxd.api.http import arg_cursor, arg_limit, field, json_body, json_response
 from inboxd.errors import Forbidden
 from inboxd.store import webhooks
-from inboxd.timeutil import format_opt, format_us, now_us
+from inboxd.timeutil import format_opt, format_us
 from inboxd.webhooks import catalog
 from inboxd.webhooks.client import validate_url
 

@@ -25,10 +25,10 @@ import httpx
 import trio
 
 from inboxd import ids
+from inboxd.clock import Clock
 from inboxd.config import InboxWebhookConfig
 from inboxd.store import webhooks
 from inboxd.store.db import Store
-from inboxd.timeutil import now_us
 from inboxd.webhooks.client import Outcome, post_event
 
 log = logging.getLogger("inboxd.inbox_webhook")
@@ -56,8 +56,10 @@ class InboxWebhookDeliverer:
         client: httpx.AsyncClient,
         config: InboxWebhookConfig,
         account_pk: int,
+        clock: Clock,
         rng: random.Random | None = None,
     ) -> None:
+        self._clock = clock
         self._store = store
         self._client = client
         self._schedule = config.retry_schedule
@@ -104,7 +106,7 @@ class InboxWebhookDeliverer:
                     status=outcome.status,
                     error=outcome.error,
                     duration_ms=outcome.duration_ms,
-                    at=now_us(),
+                    at=self._clock.now_us(),
                 ),
                 work.redelivery_pk,
             )
