@@ -20,8 +20,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
+import attrs
 import trio
 
 from inboxd.errors import StoreError
@@ -39,11 +40,35 @@ def db_path(data_dir: Path) -> Path:
     return data_dir / DB_FILE
 
 
+@attrs.frozen
+class Appended:
+    """An event appended by the transaction that is committing (see JournalConnection)."""
+
+    seq: int
+    account_pk: int
+    channel_pk: int | None
+    type: str
+    for_channel_webhooks: bool
+
+
+class JournalConnection(sqlite3.Connection):
+    """The writer's connection: it remembers the events the current transaction appends, so that
+    after the commit the store can wake exactly the tasks that deliver them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.appended: list[Appended] = []
+
+
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves. check_same_thread=False: trio's
     # worker threads are pooled, so one connection is used from several threads (never at once).
     conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+        path,
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=BUSY_TIMEOUT_MS / 1000,
+        factory=sqlite3.Connection if readonly else JournalConnection,
     )
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -128,7 +153,10 @@ class Store:
         # task waiting for a worker thread counts as waiting, so timeouts would fire at random.
         self._offload = offload
         self.path = db_path(data_dir)
-        self._writer = _connect(self.path, readonly=False)
+        writer = _connect(self.path, readonly=False)
+        assert isinstance(writer, JournalConnection)
+        self._writer = writer
+        self._journal_listeners: list[Callable[[list[Appended]], None]] = []
         self._readers = [_connect(self.path, readonly=True) for _ in range(readers)]
         self._write_limiter = trio.CapacityLimiter(1)
         self._read_limiter = trio.CapacityLimiter(readers)
@@ -175,6 +203,7 @@ class Store:
     # -- sync access (CLI, tests) --------------------------------------------------------------
 
     def write_sync(self, fn: Callable[..., T], *args: object) -> T:
+        self._writer.appended = []
         return run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
 
     def read_sync(self, fn: Callable[..., T], *args: object) -> T:
@@ -182,18 +211,29 @@ class Store:
 
     # -- async access (the daemon) -------------------------------------------------------------
 
+    def add_journal_listener(self, listener: Callable[[list[Appended]], None]) -> None:
+        """Call ``listener`` (on the trio thread) with the events each committed write appended."""
+        self._journal_listeners.append(listener)
+
     async def write(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` in one write transaction, off the trio loop."""
         async with self._write_limiter:
+            self._writer.appended = []
             try:
                 if not self._offload:
-                    return run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
-                return await trio.to_thread.run_sync(
-                    run_in_transaction, self._writer, "BEGIN IMMEDIATE", fn, *args
-                )
+                    result = run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
+                else:
+                    result = await trio.to_thread.run_sync(
+                        run_in_transaction, self._writer, "BEGIN IMMEDIATE", fn, *args
+                    )
             finally:
                 # Also after a failure: a rolled-back write wakes readers for nothing, harmlessly.
                 self.commits.bump()
+            appended, self._writer.appended = self._writer.appended, []
+            if appended:
+                for listener in self._journal_listeners:
+                    listener(appended)
+            return result
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` on a reader in one snapshot, off the trio loop."""

@@ -15,6 +15,7 @@ from typing import Final
 import attrs
 
 from inboxd import ids
+from inboxd.store.db import Appended
 from inboxd.timeutil import format_us
 
 # Event types (spec "Event types and data fields", CONTRACT section 8).
@@ -63,16 +64,23 @@ def append(
     type_: str,
     data: Mapping[str, object],
     now: int,
+    *,
+    for_channel_webhooks: bool = False,
 ) -> int:
-    """Append one event; returns its seq."""
+    """Append one event; returns its seq. ``for_channel_webhooks`` marks the messaging events
+    that the channel's webhook URLs receive (not the inbox's own SYSTEM rows)."""
     event_id = ids.new_id("evt")
     body = encode_envelope(event_id, type_, now, data)
     cur = conn.execute(
-        "INSERT INTO events (id, account_pk, channel_pk, type, created_at, body)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (event_id, account_pk, channel_pk, type_, now, body),
+        "INSERT INTO events (id, account_pk, channel_pk, type, created_at, body,"
+        " for_channel_webhooks) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (event_id, account_pk, channel_pk, type_, now, body, int(for_channel_webhooks)),
     )
-    return int(cur.lastrowid or 0)
+    seq = int(cur.lastrowid or 0)
+    appended = getattr(conn, "appended", None)
+    if appended is not None:  # the store's writer: tell the store what to wake after commit
+        appended.append(Appended(seq, account_pk, channel_pk, type_, for_channel_webhooks))
+    return seq
 
 
 def read_after(

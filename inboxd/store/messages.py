@@ -301,7 +301,13 @@ def ingest(conn: sqlite3.Connection, who: Principal, m: NewMessage, now: int) ->
     conn.execute("UPDATE conversations SET updated_at = ? WHERE pk = ?", (now, conv["pk"]))
     message = load_one(conn, message_pk)
     events.append(
-        conn, who.account_pk, channel.pk, events.MESSAGE_CREATED, wire.message(message), now
+        conn,
+        who.account_pk,
+        channel.pk,
+        events.MESSAGE_CREATED,
+        wire.message(message),
+        now,
+        for_channel_webhooks=True,
     )
     if inbound and conv["status"] == CLOSED:
         _reopen_by_inbound(conn, who.account_pk, channel.pk, channel.id, conv, now)
@@ -458,6 +464,7 @@ def set_status(
         events.MESSAGE_STATUS_CHANGED,
         wire.message(message),
         now,
+        for_channel_webhooks=True,
     )
     return message
 

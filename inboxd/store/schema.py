@@ -324,4 +324,49 @@ CREATE TABLE idempotency_keys (
 CREATE INDEX idempotency_keys_created ON idempotency_keys(created_at);
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3)
+_V4: Final = """
+-- Channel webhooks (CONTRACT section 7). Messaging events are marked for them when journaled.
+ALTER TABLE events ADD COLUMN for_channel_webhooks INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX events_channel_webhooks ON events(channel_pk, seq) WHERE for_channel_webhooks = 1;
+
+CREATE TABLE channel_webhook_settings (
+    channel_pk         INTEGER PRIMARY KEY REFERENCES channels(pk),
+    -- Signs every delivery of the channel; returned only by the response that creates it.
+    secret             TEXT NOT NULL,
+    notify_email       INTEGER NOT NULL DEFAULT 1,
+    unsubscribe_token  TEXT NOT NULL,
+    created_at         INTEGER NOT NULL,
+    updated_at         INTEGER NOT NULL
+);
+
+-- One row per URL: its place in the list, its delivery state, and its cursor into the journal.
+-- Every deadline is a wall-clock time, so a restart resumes each URL where it was.
+CREATE TABLE channel_webhook_urls (
+    pk                INTEGER PRIMARY KEY,
+    channel_pk        INTEGER NOT NULL REFERENCES channels(pk),
+    url               TEXT NOT NULL,
+    position          INTEGER NOT NULL,
+    -- Bumped when the URL is saved again (re-enabled): a supervisor's stale writes are dropped.
+    generation        INTEGER NOT NULL DEFAULT 0,
+    state             TEXT NOT NULL CHECK (state IN ('delivering', 'paused', 'disabled')),
+    failure_count     INTEGER NOT NULL DEFAULT 0,
+    first_failure_at  INTEGER,
+    last_failure_at   INTEGER,
+    last_status       INTEGER,
+    last_error        TEXT,
+    last_success_at   INTEGER,
+    warned            INTEGER NOT NULL DEFAULT 0,
+    paused_at         INTEGER,
+    next_probe_at     INTEGER,
+    probes_done       INTEGER NOT NULL DEFAULT 0,
+    disabled_at       INTEGER,
+    next_attempt_at   INTEGER,
+    -- Every channel webhook event with seq <= delivered_seq is done for this URL.
+    delivered_seq     INTEGER NOT NULL,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    UNIQUE (channel_pk, url)
+);
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4)
