@@ -52,6 +52,8 @@ class ServerConfig:
     # How long in-flight requests may take to finish after SIGTERM (systemd's TimeoutStopSec is
     # set above it).
     shutdown_timeout: float = attrs.field(default=5.0, metadata=_kind("duration"))
+    # The address users reach the daemon at, for links in emails; empty: the bound address.
+    public_url: str = attrs.field(default="", metadata=_kind("str"))
 
 
 @attrs.frozen

@@ -6,6 +6,7 @@
     └── nursery
         ├── hypercorn (trio worker) serving the quart-trio app    (API, and later the feed)
         ├── inbox webhook deliverer, one per account                (webhooks/inbox.py)
+        ├── channel webhook hub: one supervisor per URL              (webhooks/channel.py)
         ├── mailer: sends the mail outbox after commit               (mailer.py)
         └── housekeeping: lastUsedAt in batches, old Idempotency-Keys
 
@@ -33,6 +34,7 @@ from inboxd.config import Config
 from inboxd.mailer import Mailer
 from inboxd.store import accounts, idempotency, webhooks
 from inboxd.store.db import Store
+from inboxd.webhooks.channel import ChannelWebhookHub
 from inboxd.webhooks.client import make_client
 from inboxd.webhooks.inbox import InboxWebhookDeliverer
 
@@ -96,8 +98,9 @@ async def run(
     app_state: AppState = app.extensions["inboxd"]
     hc = hypercorn_config(config, bind or config.server.bind)
     client = make_client(config.webhooks)
+    channel_client = make_client(config.webhooks, max_connections=None)
     try:
-        async with client, trio.open_nursery() as nursery:
+        async with client, channel_client, trio.open_nursery() as nursery:
 
             async def serve_api(
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -109,6 +112,15 @@ async def run(
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
             await nursery.start(Mailer(store, config.mail, data_dir, clock).run)
+            hub = ChannelWebhookHub(
+                store,
+                channel_client,
+                config.channel_webhooks,
+                clock,
+                base_url=config.server.public_url or urls[0],
+            )
+            await nursery.start(hub.run)
+            app_state.channel_hub = hub
             for account_pk in await store.read(webhooks.account_pks):
                 deliverer = InboxWebhookDeliverer(
                     store, client, config.inbox_webhook, account_pk, clock

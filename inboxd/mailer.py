@@ -9,6 +9,7 @@ stable Message-ID so that a resend after a crash can be recognised as the same m
 
 from __future__ import annotations
 
+import email.policy
 import logging
 import os
 import smtplib
@@ -37,8 +38,14 @@ def outbox_dir(data_dir: Path) -> Path:
     return data_dir / "mail" / "outbox"
 
 
+# SMTP line endings; headers fold only past RFC 5322's 998 characters (a List-Unsubscribe URL has no
+# place to fold, and
+# folding at 78 would turn it into an encoded word that mail clients do not recognise).
+_POLICY: Final = email.policy.SMTP.clone(max_line_length=998)
+
+
 def build_message(m: mail.Mail, config: MailConfig) -> EmailMessage:
-    msg = EmailMessage()
+    msg = EmailMessage(policy=_POLICY)
     msg["From"] = config.from_
     msg["To"] = m.to_addr
     msg["Subject"] = m.subject

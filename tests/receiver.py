@@ -57,6 +57,10 @@ class Receiver:
     url: str = ""
     requests: list[Received] = attrs.Factory(list)
     statuses: list[int | tuple[int, dict[str, str]]] = attrs.Factory(list)
+    # While set, requests are held unanswered (the sender times out); a plain status otherwise.
+    hang: bool = False
+    # Used when the statuses queue is empty.
+    default_status: int = 200
     _arrived: trio.Event = attrs.Factory(trio.Event)
 
     async def wait_for(self, count: int, within: float = 3600) -> list[Received]:
@@ -86,7 +90,7 @@ class Receiver:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        answer = self.statuses.pop(0) if self.statuses else 200
+        answer = self.statuses.pop(0) if self.statuses else self.default_status
         status, extra = answer if isinstance(answer, tuple) else (answer, {})
         self.requests.append(
             Received(
@@ -98,6 +102,8 @@ class Receiver:
         )
         self._arrived.set()
         self._arrived = trio.Event()
+        if self.hang:
+            await trio.sleep_forever()
         headers = [(b"content-type", b"text/plain")]
         headers += [(k.encode(), v.encode()) for k, v in extra.items()]
         await send({"type": "http.response.start", "status": status, "headers": headers})

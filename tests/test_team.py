@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import email.policy
 import json
 import re
 from pathlib import Path
@@ -33,7 +34,10 @@ async def outbox_mails(data_dir: Path, count: int) -> list[email.message.Message
     with trio.fail_after(10):
         while len(list(outbox.glob("*.eml")) if outbox.exists() else []) < count:  # noqa: ASYNC110
             await trio.sleep(0.01)
-    return [email.message_from_bytes(p.read_bytes()) for p in sorted(outbox.glob("*.eml"))]
+    return [
+        email.message_from_bytes(p.read_bytes(), policy=email.policy.default)
+        for p in sorted(outbox.glob("*.eml"))
+    ]
 
 
 def token_of(message: email.message.Message) -> str:

@@ -30,6 +30,7 @@ from inboxd.errors import InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.model import Principal
 from inboxd.store import accounts, idempotency
 from inboxd.store.db import Store
+from inboxd.webhooks.channel import ChannelWebhookHub
 
 log = logging.getLogger("inboxd.api")
 access_log = logging.getLogger("inboxd.access")
@@ -60,6 +61,8 @@ class AppState:
     config: Config
     limiter: RateLimiter
     clock: Clock
+    # Set by the daemon once the channel webhook hub runs; routes ask it to reconcile.
+    channel_hub: ChannelWebhookHub | None = None
     # key pk -> last time it was used; flushed to the store by the daemon now and then, so that a
     # request does not pay for a write just to record lastUsedAt.
     key_usage: dict[int, int] = attrs.Factory(dict)
@@ -148,7 +151,7 @@ def _error_response(exc: InboxError) -> Response:
 
 
 def create_app(store: Store, config: Config, clock: Clock | None = None) -> QuartTrio:
-    from inboxd.api import inbox, messaging, ops, team, webhook  # they import this module
+    from inboxd.api import channels, inbox, messaging, ops, team, webhook  # they import this
 
     app = QuartTrio("inboxd")
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
@@ -167,6 +170,8 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
     app.register_blueprint(webhook.blueprint)
     app.register_blueprint(team.public)
     app.register_blueprint(team.blueprint)
+    app.register_blueprint(channels.public)
+    app.register_blueprint(channels.blueprint)
 
     @app.before_request
     async def start_timer() -> None:

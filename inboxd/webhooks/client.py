@@ -146,14 +146,17 @@ def ssl_context(config: WebhooksConfig) -> ssl.SSLContext:
     return ctx
 
 
-def make_client(config: WebhooksConfig) -> httpx.AsyncClient:
-    """The shared client for deliveries: guarded connects, no redirects, the configured timeout."""
+def make_client(config: WebhooksConfig, max_connections: int | None = 100) -> httpx.AsyncClient:
+    """The shared client for deliveries: guarded connects, no redirects, the configured timeout.
+
+    ``max_connections=None`` (channel webhooks) puts no limit on connections, so URLs that hang
+    until the timeout never make another URL wait for a free connection."""
     transport = httpx.AsyncHTTPTransport(verify=ssl_context(config), retries=0)
     # httpx has no public hook for the network backend; the pool is replaced with one built the
     # same way around GuardedBackend (tests/test_webhook_client.py proves the guard is in force).
     transport._pool = httpcore.AsyncConnectionPool(
         ssl_context=ssl_context(config),
-        max_connections=100,
+        max_connections=max_connections,
         max_keepalive_connections=20,
         keepalive_expiry=5.0,
         http1=True,

@@ -1,0 +1,59 @@
+"""The two emails to a channel's owner about a failing webhook URL (spec "Channel webhook
+notifications"): the warning after the second failure, and the notice that delivery stopped."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import attrs
+
+from inboxd.timeutil import format_us
+
+
+@attrs.frozen
+class Notice:
+    subject: str
+    body: str
+    headers: dict[str, str]
+
+
+def unsubscribe_url(base_url: str, channel_id: str, token: str) -> str:
+    return f"{base_url.rstrip('/')}/api/v1/channels/{quote(channel_id)}/unsubscribe?token={token}"
+
+
+def _headers(link: str) -> dict[str, str]:
+    # RFC 2369 and RFC 8058: mail clients offer a one-click unsubscribe that POSTs to the link.
+    return {"List-Unsubscribe": f"<{link}>", "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"}
+
+
+def warning(
+    channel_name: str, channel_id: str, url: str, failures: int, error: str | None, link: str
+) -> Notice:
+    body = (
+        f"Deliveries of channel {channel_name} ({channel_id}) to\n\n  {url}\n\n"
+        f"have failed {failures} times in a row (last error: {error or 'unknown'}).\n"
+        "Messages are still being sent and retried. If the URL keeps failing for 10 minutes,\n"
+        "delivery to it pauses and is checked again after 15 minutes, 1 hour and 6 hours.\n\n"
+        f"Stop these emails: {link}\n"
+    )
+    return Notice(f"Webhook deliveries are failing: {url}", body, _headers(link))
+
+
+def stopped(
+    channel_name: str,
+    channel_id: str,
+    url: str,
+    undelivered: int,
+    disabled_at: int,
+    error: str | None,
+    link: str,
+) -> Notice:
+    body = (
+        f"Delivery of channel {channel_name} ({channel_id}) to\n\n  {url}\n\n"
+        f"has stopped at {format_us(disabled_at)}: the URL did not answer any of the checks\n"
+        f"after it was paused (last error: {error or 'unknown'}).\n\n"
+        f"{undelivered} message(s) are kept undelivered. To resume, save the URL again:\n"
+        f"POST /api/v1/channels/{channel_id}/webhook with the full list of URLs to keep.\n\n"
+        f"Stop these emails: {link}\n"
+    )
+    return Notice(f"Webhook delivery stopped: {url}", body, _headers(link))

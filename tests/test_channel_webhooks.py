@@ -1,0 +1,384 @@
+"""Channel webhook URLs (CONTRACT section 7): delivery, failures, pause, probes, emails.
+
+Real HTTPS receivers (hypercorn with a trustme certificate), the real daemon on loopback, mail
+through the outbox (.eml files); every timer runs on trio's MockClock with the spec's defaults.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from inboxd import daemon
+from inboxd.clock import TrioClock
+from inboxd.config import Config, LimitsConfig, WebhooksConfig
+from tests.conftest import Seed, auth, ingest
+from tests.receiver import Certs, Receiver, make_certs, running_receiver
+
+MIN = 60.0
+HOUR = 60 * MIN
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Certs:
+    return make_certs(tmp_path / "tls")
+
+
+@pytest.fixture
+def config(certs: Certs) -> Config:
+    return Config(
+        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+
+
+@pytest.fixture
+async def receiver(certs: Certs) -> AsyncIterator[Receiver]:
+    async with running_receiver(certs) as r:
+        yield r
+
+
+@pytest.fixture
+async def second(certs: Certs) -> AsyncIterator[Receiver]:
+    async with running_receiver(certs) as r:
+        yield r
+
+
+def hook(channel_id: str) -> str:
+    return f"/api/v1/channels/{channel_id}/webhook"
+
+
+def settings_path(channel_id: str) -> str:
+    return f"/api/v1/channels/{channel_id}/settings"
+
+
+async def save_urls(owner: httpx.AsyncClient, channel_id: str, *urls: str) -> dict[str, Any]:
+    response = await owner.post(hook(channel_id), json={"urls": list(urls)})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def url_settings(owner: httpx.AsyncClient, channel_id: str, url: str) -> dict[str, Any]:
+    body = (await owner.get(settings_path(channel_id))).json()
+    found: dict[str, Any] = next(w for w in body["webhooks"] if w["url"] == url)
+    return found
+
+
+async def until(
+    owner: httpx.AsyncClient, channel_id: str, url: str, **expected: Any
+) -> dict[str, Any]:
+    """Wait (virtual time) until the URL's settings show the expected values."""
+    with trio.fail_after(30 * HOUR):
+        while True:
+            s = await url_settings(owner, channel_id, url)
+            if all(s[k] == v for k, v in expected.items()):
+                return s
+            await trio.sleep(15)
+
+
+def mails(data_dir: Path) -> list[email.message.Message]:
+    outbox = data_dir / "mail" / "outbox"
+    if not outbox.exists():
+        return []
+    return [
+        email.message_from_bytes(p.read_bytes(), policy=email.policy.default)
+        for p in sorted(outbox.glob("*.eml"))
+    ]
+
+
+def body_of(message: email.message.Message) -> str:
+    payload = message.get_payload(decode=True)
+    assert isinstance(payload, bytes)
+    return payload.decode()
+
+
+async def send(owner: httpx.AsyncClient, seeded: Seed, text: str, **kw: Any) -> dict[str, Any]:
+    msg: dict[str, Any] = await ingest(owner, seeded.sales_id, "15550001", content=text, **kw)
+    return msg
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+async def test_saving_and_reading_the_url_list(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    first = await save_urls(
+        owner, seeded.sales_id, "https://a.example.com/h", "https://b.example.com/h"
+    )
+    assert first["secret"].startswith("whsec_") and first["secretPrefix"] == first["secret"][:12]
+    assert [w["url"] for w in first["webhooks"]] == [
+        "https://a.example.com/h",
+        "https://b.example.com/h",
+    ]
+    assert all(w["state"] == "delivering" and w["backlog"] == 0 for w in first["webhooks"])
+    assert first["notifications"] == {"email": True}
+    again = await save_urls(owner, seeded.sales_id, "https://b.example.com/h")
+    assert "secret" not in again and again["secretPrefix"] == first["secretPrefix"]
+    assert (await owner.get(hook(seeded.sales_id))).json() == {"urls": ["https://b.example.com/h"]}
+    rotated = (await owner.post(f"{hook(seeded.sales_id)}/secret")).json()
+    assert rotated["secret"] != first["secret"]
+    off = await owner.patch(
+        settings_path(seeded.sales_id), json={"notifications": {"email": False}}
+    )
+    assert off.json()["notifications"] == {"email": False}
+    w = again["webhooks"][0]
+    assert set(w) == {
+        "url", "state", "failureCount", "firstFailureAt", "lastFailureAt", "lastStatus",
+        "lastError", "lastSuccessAt", "pausedAt", "nextProbeAt", "probesDone", "disabledAt",
+        "backlog",
+    }  # fmt: skip
+
+
+async def test_url_list_validation_and_access(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    bad_url = await owner.post(hook(seeded.sales_id), json={"urls": ["http://a.example.com"]})
+    assert bad_url.status_code == 422 and bad_url.json()["error"]["code"] == "invalid_url"
+    too_many = [f"https://h{i}.example.com/" for i in range(11)]
+    assert (await owner.post(hook(seeded.sales_id), json={"urls": too_many})).status_code == 400
+    assert (await owner.post(hook(seeded.sales_id), json={"urls": "x"})).status_code == 400
+    assert (await owner.post(hook("ch_missing"), json={"urls": []})).status_code == 404
+    ann = auth(seeded.ann_key)
+    assert (await owner.get(settings_path(seeded.sales_id), headers=ann)).status_code == 403
+    assert (await owner.post(f"{hook(seeded.sales_id)}/secret")).status_code == 404
+
+
+# -- delivery ------------------------------------------------------------------------------------
+
+
+async def test_messages_and_statuses_are_delivered_signed(
+    owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver
+) -> None:
+    secret = (await save_urls(owner, seeded.sales_id, receiver.url))["secret"]
+    msg = await send(owner, seeded, "hello", direction="OUTBOUND")
+    await owner.post(f"/api/v1/messaging/messages/{msg['id']}/status", json={"status": "DELIVERED"})
+    await ingest(owner, seeded.support_id, "15550002", content="other channel")
+    await owner.post(f"/api/v1/inbox/conversations/{msg['conversationId']}/block")  # SYSTEM row
+    created, status = await receiver.wait_for(2, within=10)
+    for request in (created, status):
+        assert request.signature_ok(secret)
+        assert request.headers["content-type"] == "application/json"
+    first, second = json.loads(created.body), json.loads(status.body)
+    assert first["type"] == created.headers["x-svc-event"] == "message.created"
+    assert first["data"] == msg
+    assert second["type"] == "message.status_changed"
+    assert second["data"]["status"] == "DELIVERED" and second["data"]["id"] == msg["id"]
+    with trio.move_on_after(0.5):
+        await receiver.wait_for(3)
+    assert len(receiver.requests) == 2
+
+
+async def test_two_failures_send_one_warning_and_delivery_continues(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.statuses += [503, 500, 502]
+    await send(owner, seeded, "one")
+    got = await receiver.wait_for(4)
+    assert [json.loads(r.body)["data"]["content"] for r in got] == ["one"] * 4
+    # Retried at +10 s and +30 s (head of line), then delivered at +2 min.
+    assert [round(r.at - got[0].at) for r in got] == [0, 10, 40, 160]
+    s = await until(owner, seeded.sales_id, receiver.url, failureCount=0)
+    assert s["state"] == "delivering" and s["lastStatus"] == 200 and s["lastSuccessAt"]
+    (warning,) = mails(seeded.data_dir)
+    assert warning["To"] == "owner@example.com"
+    assert receiver.url in warning["Subject"]
+    assert warning["List-Unsubscribe"].startswith("<http")
+    assert warning["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+
+
+async def test_ten_minutes_of_failures_pause_then_probes_then_disabled(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.default_status = 503
+    await send(owner, seeded, "first")
+    paused = await until(owner, seeded.sales_id, receiver.url, state="paused")
+    assert paused["pausedAt"] and paused["nextProbeAt"] and paused["probesDone"] == 0
+    attempts = list(receiver.requests)
+    assert len(attempts) == 6  # 0, +10 s, +40 s, +2:40, +7:40, +17:40
+    assert round(attempts[-1].at - attempts[0].at) == 1060
+    # While paused, new messages are kept, not sent.
+    await send(owner, seeded, "second")
+    await send(owner, seeded, "third")
+    kept = await url_settings(owner, seeded.sales_id, receiver.url)
+    assert kept["backlog"] == 3
+    assert len(receiver.requests) == 6
+    # Probes 15 min, 1 h and 6 h after the pause, each re-sending the oldest kept message.
+    disabled = await until(owner, seeded.sales_id, receiver.url, state="disabled")
+    probes = receiver.requests[6:]
+    assert [round(p.at - attempts[-1].at) for p in probes] == [15 * 60, 3600, 6 * 3600]
+    assert all(json.loads(p.body)["data"]["content"] == "first" for p in probes)
+    assert (
+        disabled["probesDone"] == 3 and disabled["disabledAt"] and disabled["nextProbeAt"] is None
+    )
+    warning, stopped = mails(seeded.data_dir)
+    assert "failing" in warning["Subject"] and "stopped" in stopped["Subject"]
+    assert "3 message(s) are kept undelivered" in body_of(stopped)
+    # Nothing more goes to a disabled URL.
+    await send(owner, seeded, "fourth")
+    await trio.sleep(HOUR)
+    assert len(receiver.requests) == 9
+    assert len(mails(seeded.data_dir)) == 2
+    # Saving the URL again re-enables it and delivers what was kept, in order.
+    receiver.default_status = 200
+    again = await save_urls(owner, seeded.sales_id, receiver.url)
+    assert again["webhooks"][0]["state"] == "delivering"
+    got = await receiver.wait_for(9 + 4, within=HOUR)
+    assert [json.loads(r.body)["data"]["content"] for r in got[9:]] == [
+        "first",
+        "second",
+        "third",
+        "fourth",
+    ]
+
+
+@pytest.mark.parametrize("successful_probe", [0, 1, 2])
+async def test_a_2xx_probe_resumes_and_kept_messages_follow_in_order(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+    successful_probe: int,
+) -> None:
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.default_status = 503
+    await send(owner, seeded, "m0")
+    paused = await until(owner, seeded.sales_id, receiver.url, state="paused")
+    await send(owner, seeded, "m1")
+    await send(owner, seeded, "m2")
+    for _ in range(successful_probe):
+        before = len(receiver.requests)
+        await receiver.wait_for(before + 1, within=7 * HOUR)
+    receiver.default_status = 200
+    await until(owner, seeded.sales_id, receiver.url, state="delivering", backlog=0)
+    tail = [json.loads(r.body)["data"]["content"] for r in receiver.requests[-3:]]
+    assert tail == ["m0", "m1", "m2"]
+    assert paused["pausedAt"] is not None
+    assert len(mails(seeded.data_dir)) == 1  # the warning only
+
+
+async def test_statuses_that_are_not_failures_end_the_message_without_retry(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.statuses += [400, 422, 302]
+    for text in ("a", "b", "c", "d"):
+        await send(owner, seeded, text)
+    got = await receiver.wait_for(4)
+    assert [json.loads(r.body)["data"]["content"] for r in got] == ["a", "b", "c", "d"]
+    await trio.sleep(HOUR)
+    assert len(receiver.requests) == 4
+    s = await url_settings(owner, seeded.sales_id, receiver.url)
+    assert s["state"] == "delivering" and s["failureCount"] == 0
+    assert mails(seeded.data_dir) == []
+
+
+async def test_a_hanging_url_never_delays_a_working_one(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+    second: Receiver,
+) -> None:
+    receiver.hang = True  # answers nothing: every request times out after 10 s
+    await save_urls(owner, seeded.sales_id, receiver.url, second.url)
+    sent_at = []
+    for i in range(5):
+        sent_at.append(trio.current_time())
+        await send(owner, seeded, f"m{i}")
+        await trio.sleep(3)
+    got = await second.wait_for(5)
+    lags = [r.at - t for r, t in zip(got, sent_at, strict=True)]
+    assert max(lags) < 0.5, lags  # the working URL gets each message at once
+    s = await until(owner, seeded.sales_id, receiver.url, failureCount=2)
+    assert s["lastError"] == "timeout"
+
+
+async def test_restart_mid_pause_keeps_the_probe_deadline(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
+) -> None:
+    clock = TrioClock()  # one wall clock across both runs, as the real one would be
+
+    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
+        await daemon.run(
+            seeded.data_dir,
+            config,
+            shutdown,
+            bind="127.0.0.1:0",
+            offload_store=False,
+            clock=clock,
+            task_status=task_status,
+        )
+
+    async with running_receiver(certs) as receiver:
+        receiver.default_status = 503
+        first_stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, first_stop)
+            async with httpx.AsyncClient(
+                base_url=urls[0], headers=auth(seeded.owner_key), timeout=None
+            ) as c:
+                await save_urls(c, seeded.sales_id, receiver.url)
+                await send(c, seeded, "x")
+                paused = await until(c, seeded.sales_id, receiver.url, state="paused")
+            first_stop.set()
+        paused_attempts = len(receiver.requests)
+        pausing_attempt = receiver.requests[-1]
+        await trio.sleep(5 * MIN)  # the daemon is down for 5 minutes
+        restarted_at = trio.current_time()
+        second_stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, second_stop)
+            probe = (await receiver.wait_for(paused_attempts + 1, within=HOUR))[-1]
+            second_stop.set()
+    # Probed 15 minutes after the pause (about 10 after the restart), not 15 after the restart.
+    assert abs(probe.at - pausing_attempt.at - 15 * MIN) < 1
+    assert restarted_at < probe.at < restarted_at + 11 * MIN
+    assert paused["nextProbeAt"] is not None
+
+
+async def test_unsubscribed_owner_gets_no_mail(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    anon: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.statuses += [503, 503]
+    await send(owner, seeded, "one")
+    await receiver.wait_for(3)
+    (warning,) = mails(seeded.data_dir)
+    link = warning["List-Unsubscribe"].strip("<>")
+    path = link.split("://", 1)[1].split("/", 1)[1]
+    page = await anon.get(f"/{path}")
+    assert page.status_code == 200 and "Unsubscribe" in page.text
+    assert (await owner.get(settings_path(seeded.sales_id))).json()["notifications"]["email"]
+    done = await anon.post(f"/{path}", data={"List-Unsubscribe": "One-Click"})
+    assert done.status_code == 200
+    assert not (await owner.get(settings_path(seeded.sales_id))).json()["notifications"]["email"]
+    wrong = await anon.post(f"/api/v1/channels/{seeded.sales_id}/unsubscribe?token=nope")
+    assert wrong.status_code == 404
+    # A new failure episode: no warning this time.
+    receiver.statuses += [503, 503]
+    await send(owner, seeded, "two")
+    await receiver.wait_for(6)
+    await trio.sleep(MIN)
+    assert len(mails(seeded.data_dir)) == 1
