@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, NoReturn
 import trio
 
 from inboxd import __version__, logs, wire
-from inboxd.config import Config, ConfigError
+from inboxd.config import Config, ConfigError, parse_bind
 from inboxd.errors import InboxError, StoreError
 from inboxd.store import accounts
 from inboxd.store.db import Store, store_exists
@@ -88,6 +89,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     data_dir = _data_dir(args)
     config = Config.load(args.config)
+    try:
+        parse_bind(args.bind or config.server.bind)
+    except ConfigError as exc:
+        raise UsageError(f"inboxd serve: {exc.message}") from None
     logs.setup(config.log.level)
     if not store_exists(data_dir):
         # One command from nothing to a running daemon: the first serve creates the store and
@@ -311,6 +316,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except OSError as exc:
-        print(f"inboxd: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"inboxd: {_describe(exc)}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:  # from the daemon's nurseries, e.g. a port in use
+        print(f"inboxd: {_describe(_first_leaf(group))}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # Never a traceback on the terminal (CONTRACT section 1); INBOXD_DEBUG=1 shows it.
+        if os.environ.get("INBOXD_DEBUG"):
+            raise
+        print(
+            f"inboxd: unexpected error: {_describe(exc)} (INBOXD_DEBUG=1 shows details)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename or ""
+        return f"{exc.strerror}: {where}".rstrip(": ")
+    if isinstance(exc, InboxError):
+        return exc.message
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

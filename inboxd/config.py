@@ -101,9 +101,17 @@ class LimitsConfig:
     burst: int = attrs.field(default=100, metadata=_kind("int"))
 
 
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+
+
+def _log_level(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value.lower() not in LOG_LEVELS:
+        raise ValueError(f"log level {value!r} is not one of {', '.join(LOG_LEVELS)}")
+
+
 @attrs.frozen
 class LogConfig:
-    level: str = attrs.field(default="info", metadata=_kind("str"))
+    level: str = attrs.field(default="info", metadata=_kind("str"), validator=_log_level)
 
 
 @attrs.frozen
@@ -168,7 +176,10 @@ def _load_section(name: str, section_cls: type, raw: dict[str, Any], env: Mappin
         except (ValueError, TypeError) as exc:
             where = env_name if env_name in env else f"{name}.{key}"
             raise ConfigError(f"{where}: {exc}") from None
-    return section_cls(**values)
+    try:
+        return section_cls(**values)
+    except ValueError as exc:
+        raise ConfigError(f"[{name}]: {exc}") from None
 
 
 def _from_toml(kind: str, value: Any) -> Any:

@@ -50,6 +50,9 @@ def hypercorn_config(config: Config, bind: str) -> HyperConfig:
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.graceful_timeout = config.server.shutdown_timeout
     hc.h11_max_incomplete_size = 64 * 1024
+    # A client that stops sending (or whose oversized body we refused to read) is disconnected
+    # instead of holding its socket forever. The feed's pings keep live websockets busier.
+    hc.read_timeout = 60
     hc.server_names = []
     return hc
 

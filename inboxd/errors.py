@@ -12,7 +12,8 @@
     ├── PayloadTooLarge       413   payload_too_large
     ├── UnsupportedMediaType  415   unsupported_media_type
     ├── Unprocessable         422   assignee_not_allowed, invalid_url, contact_blocked, ...
-    └── RateLimited           429   rate_limited (with Retry-After)
+    ├── RateLimited           429   rate_limited (with Retry-After)
+    └── ServiceUnavailable    503   query_timeout (a read ran past the store's read deadline)
 
 The store raises these too, so a rule that lives in SQL (say, "this contact is blocked") reports
 itself with the right code without a second check in the route.
@@ -85,6 +86,11 @@ class UnsupportedMediaType(InboxError):
 class Unprocessable(InboxError):
     status = 422
     default_code = "unprocessable"
+
+
+class ServiceUnavailable(InboxError):
+    status = 503
+    default_code = "unavailable"
 
 
 class RateLimited(InboxError):

@@ -19,8 +19,12 @@ _US: Final = dt.timedelta(microseconds=1)
 # digits, so the fraction is split off here and read digit by digit (see cursors.py for why).
 _ISO_RE: Final = re.compile(
     r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<hms>\d{2}:\d{2}(?::\d{2})?)"
-    r"(?:[.,](?P<frac>\d+))?(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)$"
+    r"(?:[.,](?P<frac>\d{1,30}))?(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)$",
+    re.ASCII,  # \d is 0-9 only, not every script's digits
 )
+# Instants the store and the wire can hold: from the epoch to the end of year 9999.
+MIN_US: Final = 0
+MAX_US: Final = 253_402_300_799_999_999
 
 
 def now_us() -> int:
@@ -66,6 +70,8 @@ def parse_iso(text: str) -> tuple[int, str]:
     micros = int((frac + "000000")[:6])
     delta = base - _EPOCH
     us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + micros
+    if not MIN_US <= us <= MAX_US:
+        raise BadTimestamp(f"{text!r} is outside 1970-01-01 to 9999-12-31 UTC")
     return us, frac[6:]
 
 

@@ -185,3 +185,95 @@ async def test_bad_status_word_is_400(owner: httpx.AsyncClient, seeded: Seed) ->
         f"/api/v1/messaging/messages/{message['id']}/status", json={"status": "not a status!"}
     )
     assert_error(response, 400, "invalid_request")
+
+
+# -- odd input never ends in a 500 ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", ["\u00b2", "\u0665", "\uff105", "9" * 5000])
+async def test_odd_limits_are_400(owner: httpx.AsyncClient, limit: str) -> None:
+    response = await owner.get("/api/v1/inbox/conversations", params={"limit": limit})
+    assert_error(response, 400, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"channelId": "\\ud800x"}',
+        b'{"channelId": NaN}',
+        b'{"latitude": Infinity}',
+        b"\xff\xfe",
+    ],
+)
+async def test_odd_json_is_400(owner: httpx.AsyncClient, raw: bytes) -> None:
+    response = await owner.post(
+        "/api/v1/messaging/messages", content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code in (400, 413), response.text
+    assert response.json()["error"]["code"] in ("invalid_request", "payload_too_large")
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"fileSize": 10**30}, "fileSize"),
+        ({"fileSize": 1.0}, "whole number"),
+        ({"sentAt": "9999-12-31T23:59:59-23:59"}, "sentAt"),
+        ({"sentAt": "0001-01-01T00:00:00+01:00"}, "sentAt"),
+        ({"sentAt": "2026-01-01T00:00:00.\uff11\uff12\uff13Z"}, "sentAt"),
+        ({"contact": {"phoneNumber": "\u0661\u0662\u0663\u0664\u0665"}}, "phoneNumber"),
+    ],
+)
+async def test_odd_field_values_are_400(
+    owner: httpx.AsyncClient, seeded: Seed, change: dict[str, object], needle: str
+) -> None:
+    body: dict[str, object] = {
+        "channelId": seeded.sales_id,
+        "direction": "INBOUND",
+        "contact": {"phoneNumber": "15550001"},
+        "type": "TEXT",
+    }
+    body.update(change)
+    response = await owner.post("/api/v1/messaging/messages", json=body)
+    assert_error(response, 400, "invalid_request")
+    assert needle in response.json()["error"]["message"]
+
+
+async def test_status_words_are_checked_before_upper_casing(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    message = await ingest(owner, seeded.sales_id, "15550001", content="hi")
+    for word in ("\u00df", "\ufb00"):
+        response = await owner.post(
+            f"/api/v1/messaging/messages/{message['id']}/status", json={"status": word}
+        )
+        assert_error(response, 400, "invalid_request")
+
+
+@pytest.mark.parametrize("query", ["\x00\x00\x00", "x" * 300])
+async def test_odd_search_queries_are_400(
+    owner: httpx.AsyncClient, seeded: Seed, query: str
+) -> None:
+    response = await owner.get(
+        "/api/v1/inbox/conversations/search", params={"channelId": seeded.sales_id, "query": query}
+    )
+    assert_error(response, 400, "invalid_request")
+
+
+async def test_options_needs_no_key(anon: httpx.AsyncClient) -> None:
+    response = await anon.options("/api/v1/inbox/conversations")
+    assert response.status_code == 200
+    assert "GET" in response.headers["allow"]
+
+
+async def test_413_closes_the_connection(owner: httpx.AsyncClient, seeded: Seed) -> None:
+    response = await owner.post(
+        "/api/v1/messaging/messages",
+        content=b"{" + b" " * 5000 + b"}",
+        headers={"Content-Type": "application/json"},
+    )
+    assert_error(response, 413, "payload_too_large")
+    assert response.headers["connection"] == "close"
+    # The client opens a new connection and carries on.
+    assert (await owner.get("/api/v1/inbox/channels")).status_code == 200

@@ -85,6 +85,8 @@ def principal() -> Principal:
 async def authenticate() -> Response | None:
     """``before_request`` of the API blueprints: resolve the key, apply the rate limit, and
     answer a repeated Idempotency-Key with the first response."""
+    if request.method == "OPTIONS":
+        return None  # CORS preflights and OPTIONS carry no key; Quart answers them
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     token = token.strip()
@@ -202,6 +204,9 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
         code = _HTTP_CODES.get(status, "http_error")
         message = _HTTP_MESSAGES.get(status) or (exc.description or exc.name)
         headers: dict[str, Any] = {}
+        if status == 413:
+            # The rest of the body is not read: the connection cannot be reused.
+            headers["Connection"] = "close"
         if status == 405 and getattr(exc, "valid_methods", None):
             headers["Allow"] = ", ".join(exc.valid_methods or [])  # type: ignore[attr-defined]
         return json_response({"error": {"code": code, "message": message}}, status, headers)

@@ -7,6 +7,8 @@ with a message that names the offending parameter, so clients learn what to fix.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
@@ -16,6 +18,7 @@ from inboxd import cursors
 from inboxd.errors import InvalidRequest, UnsupportedMediaType
 from inboxd.timeutil import BadTimestamp, parse_instant
 
+_SMALL_NUMBER: Final = re.compile(r"[0-9]{1,4}")
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 200
 
@@ -41,7 +44,7 @@ def arg_limit() -> int:
     raw = request.args.get("limit")
     if raw is None:
         return DEFAULT_LIMIT
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    if not _SMALL_NUMBER.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}")
     value = int(raw)
     return value
@@ -102,12 +105,18 @@ async def json_body(*, required: bool = True) -> dict[str, Any]:
     if request.mimetype != "application/json":
         raise UnsupportedMediaType("the request body must be application/json")
     try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidRequest("the request body is not valid JSON") from None
+        value = json.loads(data, parse_constant=_no_constants)
+        # Strings must be storable text: a lone surrogate escape ("\\ud800") is not.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (ValueError, UnicodeError, RecursionError):
+        raise InvalidRequest("the request body is not valid JSON (UTF-8 text, no NaN)") from None
     if not isinstance(value, dict):
         raise InvalidRequest("the request body must be a JSON object")
     return value
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 _MISSING: Final = object()
@@ -137,13 +146,26 @@ def field(
         raise InvalidRequest(f"{name} must be {_kind_name(kinds)}")
     if not isinstance(value, kinds):
         raise InvalidRequest(f"{name} must be {_kind_name(kinds)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise InvalidRequest(f"{name} is out of range")
     if max_len is not None and isinstance(value, str) and len(value) > max_len:
         raise InvalidRequest(f"{name} must be at most {max_len} characters")
     return value
 
 
 def _kind_name(kinds: tuple[type, ...]) -> str:
-    names = {str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+    names = {
+        str: "a string",
+        int: "a whole number",
+        float: "a number",
+        bool: "a boolean",
+        dict: "an object",
+        list: "a list",
+    }
+    if int in kinds and float in kinds:
+        return "a number"
     named = sorted({names.get(k, k.__name__) for k in kinds})
     return " or ".join(named)
 

@@ -63,9 +63,14 @@ async def list_conversations() -> Response:
     )
 
 
+MAX_QUERY = 256
+
+
 @blueprint.get("/conversations/search")
 async def search_conversations() -> Response:
     query = arg_str("query", required=True) or ""
+    if "\x00" in query or len(query) > MAX_QUERY:
+        raise InvalidRequest(f"query must be text of at most {MAX_QUERY} characters")
     channel_id = arg_str("channelId", required=True) or ""
     limit = arg_limit()
     result = await state().store.read(conversations.search, principal(), channel_id, query, limit)

@@ -21,10 +21,10 @@ from inboxd.store import messages
 blueprint = Blueprint("messaging", __name__, url_prefix="/api/v1/messaging")
 blueprint.before_request(authenticate)
 
-_PHONE_CHARS: Final = re.compile(r"^\+?[\d\s()\-.]+$")
+_PHONE_CHARS: Final = re.compile(r"^\+?[0-9 ()\-.]+$")
 MIN_PHONE_DIGITS: Final = 3
 MAX_PHONE_DIGITS: Final = 20
-_STATUS: Final = re.compile(r"^[A-Z][A-Z_]{0,31}$")
+_STATUS: Final = re.compile(r"[A-Za-z][A-Za-z_]{0,31}")
 _SHORT: Final = 256
 _URL: Final = 2048
 
@@ -36,7 +36,7 @@ async def owner_only() -> None:
 
 
 def _phone_digits(raw: str) -> str:
-    digits = re.sub(r"\D", "", raw)
+    digits = re.sub(r"[^0-9]", "", raw)
     if not _PHONE_CHARS.match(raw) or not MIN_PHONE_DIGITS <= len(digits) <= MAX_PHONE_DIGITS:
         raise InvalidRequest(
             f"contact.phoneNumber must be a phone number of {MIN_PHONE_DIGITS} to "
@@ -102,9 +102,10 @@ async def ingest_message() -> Response:
 @blueprint.post("/messages/<message_id>/status")
 async def set_message_status(message_id: str) -> Response:
     body = await json_body()
-    status = field(body, "status", str, required=True).upper()
-    if not _STATUS.match(status):
+    raw = field(body, "status", str, required=True)
+    if not _STATUS.fullmatch(raw):  # checked before upper(), which turns "ß" into "SS"
         raise InvalidRequest("status must be a word like SENT, DELIVERED, READ or FAILED")
+    status = raw.upper()
     message = await state().store.write(
         messages.set_status, principal(), message_id, status, now_us()
     )

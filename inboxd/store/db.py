@@ -18,6 +18,7 @@ same file while the daemon runs; ``busy_timeout`` makes them wait their turn.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, ParamSpec, TypeVar
@@ -25,7 +26,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 import attrs
 import trio
 
-from inboxd.errors import StoreError
+from inboxd.errors import ServiceUnavailable, StoreError
 from inboxd.store.schema import MIGRATIONS
 
 T = TypeVar("T")
@@ -34,6 +35,8 @@ P = ParamSpec("P")
 DB_FILE: Final = "inboxd.db"
 BUSY_TIMEOUT_MS: Final = 10_000
 DEFAULT_READERS: Final = 4
+# The longest a read may run; every query the API makes is index-backed and takes milliseconds.
+READ_DEADLINE_SECONDS: Final = 5.0
 
 
 def db_path(data_dir: Path) -> Path:
@@ -60,6 +63,19 @@ class JournalConnection(sqlite3.Connection):
         self.appended: list[Appended] = []
 
 
+class ReaderConnection(sqlite3.Connection):
+    """A reader with a deadline: SQLite's progress handler aborts a statement that runs past
+    it, so no read can hold a worker thread (and shutdown) for long."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = float("inf")
+        self.set_progress_handler(self._past_deadline, 10_000)
+
+    def _past_deadline(self) -> int:
+        return 1 if time.monotonic() > self.deadline else 0
+
+
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves. check_same_thread=False: trio's
     # worker threads are pooled, so one connection is used from several threads (never at once).
@@ -68,7 +84,7 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
         isolation_level=None,
         check_same_thread=False,
         timeout=BUSY_TIMEOUT_MS / 1000,
-        factory=sqlite3.Connection if readonly else JournalConnection,
+        factory=ReaderConnection if readonly else JournalConnection,
     )
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -239,11 +255,20 @@ class Store:
         """Run ``fn(conn, *args)`` on a reader in one snapshot, off the trio loop."""
         async with self._read_limiter:
             conn = self._readers.pop()
+            assert isinstance(conn, ReaderConnection)
+            conn.deadline = time.monotonic() + READ_DEADLINE_SECONDS
             try:
                 if not self._offload:
                     return run_in_transaction(conn, "BEGIN", fn, *args)
                 return await trio.to_thread.run_sync(run_in_transaction, conn, "BEGIN", fn, *args)
+            except sqlite3.OperationalError as exc:
+                if "interrupted" in str(exc):
+                    raise ServiceUnavailable(
+                        "the query took too long; narrow it down", code="query_timeout"
+                    ) from None
+                raise
             finally:
+                conn.deadline = float("inf")
                 self._readers.append(conn)
 
     def backup_to(self, target: Path, progress: Callable[[int, int], None] | None = None) -> None:

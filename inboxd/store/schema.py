@@ -369,4 +369,16 @@ CREATE TABLE channel_webhook_urls (
 );
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4)
+_V5: Final = """
+-- Account-wide filters (no channelId) walk an index that holds only matching rows, instead of
+-- filtering the whole account's list row by row.
+CREATE INDEX conversations_account_status_sort ON conversations(account_pk, status, sort_at, pk);
+CREATE INDEX conversations_account_unassigned_sort
+    ON conversations(account_pk, status, sort_at, pk) WHERE assigned_to_pk IS NULL;
+CREATE INDEX conversations_account_unread_sort
+    ON conversations(account_pk, sort_at, pk) WHERE unread_count > 0;
+CREATE INDEX conversations_channel_unassigned_sort
+    ON conversations(channel_pk, status, sort_at, pk) WHERE assigned_to_pk IS NULL;
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5)
