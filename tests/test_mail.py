@@ -12,8 +12,11 @@ import pytest
 import trio
 from aiosmtpd.controller import Controller
 
-from inboxd.config import Config, LimitsConfig, MailConfig
-from tests.conftest import Seed
+from inboxd import daemon
+from inboxd.clock import TrioClock
+from inboxd.config import Config, LimitsConfig, MailConfig, WebhooksConfig
+from tests.conftest import Seed, auth, ingest
+from tests.receiver import make_certs, running_receiver
 from tests.test_team import TEAM, token_of
 
 
@@ -66,3 +69,57 @@ async def test_invite_mail_goes_through_smtp_when_configured(
     assert message["Message-ID"].startswith("<inboxd-mail-")
     assert token_of(message).startswith("inv_")
     assert not (seeded.data_dir / "mail" / "outbox").exists()
+
+
+@pytest.fixture
+def down_port() -> int:
+    return free_port()  # nothing listens here until the test starts a server
+
+
+async def test_a_mail_server_that_is_down_delays_only_the_mail(
+    autojump_clock: Any, tmp_path: Any, seeded: Seed, down_port: int
+) -> None:
+    certs = make_certs(tmp_path / "tls")
+    config = Config(
+        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
+        mail=MailConfig(smtp_host="127.0.0.1", smtp_port=down_port),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+    stop = trio.Event()
+    async with running_receiver(certs) as receiver, trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: daemon.run(
+                seeded.data_dir,
+                config,
+                stop,
+                bind="127.0.0.1:0",
+                offload_store=False,
+                clock=TrioClock(),
+                task_status=task_status,
+            )
+        )
+        async with httpx.AsyncClient(
+            base_url=urls[0], headers=auth(seeded.owner_key), timeout=None
+        ) as owner:
+            saved = await owner.post(
+                f"/api/v1/channels/{seeded.sales_id}/webhook", json={"urls": [receiver.url]}
+            )
+            assert saved.status_code == 200
+            receiver.statuses += [503, 503]
+            await ingest(owner, seeded.sales_id, "15550001", content="one")
+            # Delivery goes on (and succeeds) while the warning mail cannot be sent.
+            await receiver.wait_for(3)
+            await ingest(owner, seeded.sales_id, "15550001", content="two")
+            await receiver.wait_for(4, within=60)
+            inbox = Inbox()
+            controller = Controller(inbox, hostname="127.0.0.1", port=down_port)
+            controller.start()
+            try:
+                with trio.fail_after(3600):
+                    while not inbox.messages:  # noqa: ASYNC110 (the SMTP server is a thread)
+                        await trio.sleep(5)
+            finally:
+                controller.stop()
+        stop.set()
+    (warning,) = inbox.messages
+    assert "failing" in warning["Subject"]
