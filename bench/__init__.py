@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures and write them as JSON under bench/results/."""
