@@ -93,6 +93,8 @@ class MailConfig:
 @attrs.frozen
 class FeedConfig:
     retention: float = attrs.field(default=7 * DAY, metadata=_kind("duration"))
+    # Events that may wait for one websocket client; past that it is closed with 1013.
+    queue_bound: int = attrs.field(default=1000, metadata=_kind("int"))
 
 
 @attrs.frozen

@@ -4,7 +4,7 @@
 
     run()
     └── nursery
-        ├── hypercorn (trio worker) serving the quart-trio app    (API, and later the feed)
+        ├── hypercorn (trio worker) serving the quart-trio app    (API and websocket feed)
         ├── inbox webhook deliverer, one per account                (webhooks/inbox.py)
         ├── channel webhook hub: one supervisor per URL              (webhooks/channel.py)
         ├── mailer: sends the mail outbox after commit               (mailer.py)
@@ -31,6 +31,7 @@ from hypercorn.trio import serve
 from inboxd.api.app import AppState, create_app
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
+from inboxd.feed import FeedHub
 from inboxd.mailer import Mailer
 from inboxd.store import accounts, idempotency, webhooks
 from inboxd.store.db import Store
@@ -41,6 +42,7 @@ from inboxd.webhooks.inbox import InboxWebhookDeliverer
 log = logging.getLogger("inboxd.daemon")
 
 KEY_USAGE_FLUSH_SECONDS: Final = 30.0
+FEED_PING_SECONDS: Final = 20.0
 
 
 def hypercorn_config(config: Config, bind: str) -> HyperConfig:
@@ -53,6 +55,9 @@ def hypercorn_config(config: Config, bind: str) -> HyperConfig:
     # A client that stops sending (or whose oversized body we refused to read) is disconnected
     # instead of holding its socket forever. The feed's pings keep live websockets busier.
     hc.read_timeout = 60
+    # hypercorn pings every websocket; a closed socket's ping task sleeps out its interval, so a
+    # shutdown shortly after a feed client left takes up to shutdown_timeout (within 10 s).
+    hc.websocket_ping_interval = FEED_PING_SECONDS
     hc.server_names = []
     return hc
 
@@ -112,6 +117,14 @@ async def run(
                 # hypercorn has drained its connections: the rest of the daemon can stop now.
                 nursery.cancel_scope.cancel()
 
+            feed_hub = app_state.feed_hub = FeedHub(store, config.feed.queue_bound)
+
+            async def close_feed_on_shutdown() -> None:
+                # Open websockets would hold hypercorn's graceful stop for its whole timeout.
+                await shutdown.wait()
+                feed_hub.close_all()
+
+            nursery.start_soon(close_feed_on_shutdown)
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
             await nursery.start(Mailer(store, config.mail, data_dir, clock).run)

@@ -27,6 +27,7 @@ from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.errors import InboxError, InvalidRequest, RateLimited, Unauthorized
+from inboxd.feed import FeedHub
 from inboxd.model import Principal
 from inboxd.store import accounts, idempotency
 from inboxd.store.db import Store
@@ -63,6 +64,7 @@ class AppState:
     clock: Clock
     # Set by the daemon once the channel webhook hub runs; routes ask it to reconcile.
     channel_hub: ChannelWebhookHub | None = None
+    feed_hub: FeedHub | None = None
     # key pk -> last time it was used; flushed to the store by the daemon now and then, so that a
     # request does not pay for a write just to record lastUsedAt.
     key_usage: dict[int, int] = attrs.Factory(dict)
@@ -153,7 +155,7 @@ def _error_response(exc: InboxError) -> Response:
 
 
 def create_app(store: Store, config: Config, clock: Clock | None = None) -> QuartTrio:
-    from inboxd.api import channels, inbox, messaging, ops, team, webhook  # they import this
+    from inboxd.api import channels, feed, inbox, messaging, ops, team, webhook
 
     app = QuartTrio("inboxd")
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
@@ -174,6 +176,7 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
     app.register_blueprint(team.blueprint)
     app.register_blueprint(channels.public)
     app.register_blueprint(channels.blueprint)
+    app.register_blueprint(feed.blueprint)
 
     @app.before_request
     async def start_timer() -> None:

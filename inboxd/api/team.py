@@ -136,5 +136,8 @@ async def create_key() -> Response:
 
 @blueprint.delete("/keys/<key_id>")
 async def revoke_key(key_id: str) -> Response:
-    await state().store.write(team.revoke_key_as, principal(), key_id, now_us())
+    key_pk = await state().store.write(team.revoke_key_as, principal(), key_id, now_us())
+    hub = state().feed_hub
+    if hub is not None:
+        hub.close_key(key_pk)  # revocation also ends the key's open feed sockets
     return json_response({"keyId": key_id, "revoked": True})

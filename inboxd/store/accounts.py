@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import sqlite3
+from typing import Final
 
 import attrs
 
@@ -180,15 +181,28 @@ def revoke_key(conn: sqlite3.Connection, account_pk: int, key_id: str, now: int)
 def authenticate(conn: sqlite3.Connection, api_key: str) -> Principal | None:
     """The principal of a live key, or None for an unknown, revoked or removed user's key."""
     digest = ids.hash_api_key(api_key)
-    row = conn.execute(
-        "SELECT k.pk AS key_pk, k.id AS key_id, k.hash, k.account_pk, u.pk AS user_pk,"
-        " u.id AS user_id, u.role FROM api_keys k JOIN users u ON u.pk = k.user_pk"
-        " WHERE k.hash = ? AND k.revoked_at IS NULL AND u.removed_at IS NULL",
-        (digest,),
-    ).fetchone()
+    row = conn.execute(f"{_LIVE_KEY} WHERE k.hash = ? AND {_LIVE}", (digest,)).fetchone()
     # The index lookup finds the row by hash; compare_digest keeps the final check constant-time.
     if row is None or not hmac.compare_digest(bytes(row["hash"]), digest):
         return None
+    return _principal(conn, row)
+
+
+def principal_of_key(conn: sqlite3.Connection, key_pk: int) -> Principal | None:
+    """A key's principal as it is now (None once revoked or its user removed): the feed asks
+    again when access may have changed."""
+    row = conn.execute(f"{_LIVE_KEY} WHERE k.pk = ? AND {_LIVE}", (key_pk,)).fetchone()
+    return None if row is None else _principal(conn, row)
+
+
+_LIVE_KEY: Final = (
+    "SELECT k.pk AS key_pk, k.id AS key_id, k.hash, k.account_pk, u.pk AS user_pk,"
+    " u.id AS user_id, u.role FROM api_keys k JOIN users u ON u.pk = k.user_pk"
+)
+_LIVE: Final = "k.revoked_at IS NULL AND u.removed_at IS NULL"
+
+
+def _principal(conn: sqlite3.Connection, row: sqlite3.Row) -> Principal:
     is_owner = row["role"] == ROLE_OWNER
     channel_pks: frozenset[int] | None = None
     if not is_owner:

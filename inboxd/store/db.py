@@ -52,6 +52,8 @@ class Appended:
     channel_pk: int | None
     type: str
     for_channel_webhooks: bool
+    created_at: int
+    body: bytes  # the envelope as committed
 
 
 class JournalConnection(sqlite3.Connection):

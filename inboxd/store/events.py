@@ -79,8 +79,14 @@ def append(
     seq = int(cur.lastrowid or 0)
     appended = getattr(conn, "appended", None)
     if appended is not None:  # the store's writer: tell the store what to wake after commit
-        appended.append(Appended(seq, account_pk, channel_pk, type_, for_channel_webhooks))
+        appended.append(
+            Appended(seq, account_pk, channel_pk, type_, for_channel_webhooks, now, body)
+        )
     return seq
+
+
+def last_seq(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
 
 
 def read_after(

@@ -343,10 +343,13 @@ def create_key_for(
     return accounts.create_key(conn, who.account_pk, row["pk"], now)
 
 
-def revoke_key_as(conn: sqlite3.Connection, who: Principal, key_id: str, now: int) -> None:
+def revoke_key_as(conn: sqlite3.Connection, who: Principal, key_id: str, now: int) -> int:
+    """Revoke one of the caller's keys (the owner: any key of the account); returns its pk."""
     row = conn.execute(
-        "SELECT user_pk FROM api_keys WHERE id = ? AND account_pk = ?", (key_id, who.account_pk)
+        "SELECT pk, user_pk FROM api_keys WHERE id = ? AND account_pk = ?",
+        (key_id, who.account_pk),
     ).fetchone()
     if row is None or (not who.is_owner and row["user_pk"] != who.user_pk):
         raise NotFound(f"no API key {key_id}")
     accounts.revoke_key(conn, who.account_pk, key_id, now)
+    return int(row["pk"])

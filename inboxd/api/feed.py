@@ -1,0 +1,181 @@
+"""The websocket feed and the same stream for REST clients (CONTRACT sections 6 and 8)."""
+
+from __future__ import annotations
+
+import json
+from typing import Final, cast
+
+import trio
+from quart import Blueprint, Response, request, websocket
+
+from inboxd.api.app import authenticate, now_us, principal, state
+from inboxd.api.http import arg_limit
+from inboxd.errors import InvalidRequest, Unauthorized
+from inboxd.feed import (
+    CLOSE_POLICY,
+    FeedClient,
+    FeedEvent,
+    concerns_user,
+    from_journal,
+    visible,
+)
+from inboxd.model import Principal
+from inboxd.store import accounts, events
+
+blueprint = Blueprint("feed", __name__, url_prefix="/api/v1/inbox")
+blueprint.before_request(authenticate)  # HTTP routes only; the websocket authenticates itself
+
+AUTH_FRAME_SECONDS: Final = 10.0
+REPLAY_BATCH: Final = 500
+RESET_FRAME: Final = '{"type":"feed.reset"}'
+
+
+def _seq_arg(name: str, raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise InvalidRequest(f"{name} must be a whole number (a seq from the feed)")
+    return int(raw)
+
+
+async def _principal_from_header() -> Principal | None:
+    header = websocket.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    who = None
+    if scheme.lower() == "bearer" and token.strip():
+        who = await state().store.read(accounts.authenticate, token.strip())
+    if who is None:
+        raise Unauthorized("the API key is missing, unknown or revoked")
+    return who
+
+
+async def _principal_from_first_frame() -> Principal | None:
+    with trio.move_on_after(AUTH_FRAME_SECONDS):
+        raw = await websocket.receive()
+        try:
+            message = json.loads(raw)
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(message, dict) or message.get("type") != "auth":
+            return None
+        token = message.get("token")
+        if not isinstance(token, str) or not token:
+            return None
+        return cast(Principal | None, await state().store.read(accounts.authenticate, token))
+    return None
+
+
+@blueprint.websocket("/feed")
+async def feed() -> None:
+    since = _seq_arg("since", websocket.args.get("since"))
+    who = await _principal_from_header()  # a bad header is refused before the upgrade (401)
+    await websocket.accept()
+    if who is None:
+        who = await _principal_from_first_frame()
+        if who is None:
+            await websocket.close(CLOSE_POLICY, "authenticate with a valid API key")
+            return
+    hub = state().feed_hub
+    assert hub is not None
+    client = hub.register(who)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_drain_incoming, nursery.cancel_scope)
+            await _send_events(client, since)
+            nursery.cancel_scope.cancel()
+        if client.close_code is not None:
+            await websocket.close(client.close_code, client.close_reason)
+    finally:
+        hub.unregister(client)
+
+
+async def _drain_incoming(scope: trio.CancelScope) -> None:
+    """Read (and ignore) what the client sends; its going away ends the handler."""
+    try:
+        while True:
+            await websocket.receive()
+    finally:
+        scope.cancel()
+
+
+async def _send_events(client: FeedClient, since: int | None) -> None:
+    """Replay from ``since`` (registered first, so nothing committed meanwhile is missed), then
+    send live events, skipping what the replay already sent."""
+    last = -1
+    if since is not None:
+        last = await _replay(client, since)
+    async for event in client.events:
+        if event.seq <= last:
+            continue
+        if not await _allowed(client, event):
+            if client.close_code is not None:
+                return
+            continue
+        await websocket.send(event.frame.decode())
+
+
+async def _allowed(client: FeedClient, event: FeedEvent) -> bool:
+    if concerns_user(event, client.who.user_id):
+        who = await state().store.read(accounts.principal_of_key, client.who.key_pk)
+        if who is None:
+            client.close(CLOSE_POLICY, "the member was removed")
+            return False
+        client.who = who
+    return visible(client.who, event)
+
+
+async def _replay(client: FeedClient, since: int) -> int:
+    """Send the journal's events after ``since``; returns the last seq looked at."""
+    store = state().store
+    retention_us = round(state().config.feed.retention * 1_000_000)
+    first = await store.read(events.read_after, client.who.account_pk, since, 1)
+    end = await store.read(events.last_seq)
+    if since > end or (first and first[0].created_at < now_us() - retention_us):
+        await websocket.send(RESET_FRAME)  # the gap cannot be filled: the client refetches
+        return end
+    last = since
+    while True:
+        batch = await store.read(events.read_after, client.who.account_pk, last, REPLAY_BATCH)
+        for journal_event in batch:
+            event = from_journal(journal_event, client.who.account_pk)
+            if await _allowed(client, event):
+                await websocket.send(event.frame.decode())
+            last = event.seq
+        if len(batch) < REPLAY_BATCH:
+            return last
+
+
+@blueprint.get("/events")
+async def list_events() -> Response:
+    """The feed's events for REST clients, oldest first, with the same visibility."""
+    who = principal()
+    after = _seq_arg("after", request.args.get("after")) or 0
+    limit = arg_limit()
+    store = state().store
+    frames: list[bytes] = []
+    last = after
+    has_more = False
+    while len(frames) < limit:
+        batch = await store.read(events.read_after, who.account_pk, last, REPLAY_BATCH)
+        for journal_event in batch:
+            event = from_journal(journal_event, who.account_pk)
+            if visible(who, event):
+                if len(frames) == limit:
+                    has_more = True
+                    break
+                frames.append(event.frame)
+            last = event.seq
+        if has_more or len(batch) < REPLAY_BATCH:
+            break
+    body = (
+        b'{"events":['
+        + b",".join(frames)
+        + b'],"nextAfter":%d,"hasMore":%s}'
+        % (
+            last,
+            b"true" if has_more else b"false",
+        )
+    )
+    return Response(body, content_type="application/json")

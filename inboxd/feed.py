@@ -1,0 +1,137 @@
+"""The live feed: one hub fanning committed journal events out to websocket clients.
+
+::
+
+    store commit ──> FeedHub._on_journal ──put_nowait──> client queue (bounded) ──> its socket
+                                                          full: close 1013, never wait
+
+The hub runs on the trio thread right after each commit, in commit order, and never blocks: a
+client whose queue is full is closed with 1013 instead of slowing the API or anyone else. Each
+client's own task filters what it may see (its key's channels, asked again from the store when an
+``inbox.user.*`` event changes its user's access) and writes frames to its socket.
+
+A frame is the webhook envelope with ``seq`` in front: ``{"seq": 42, "id": ..., "type": ...,
+"createdAt": ..., "data": ...}``, made from the committed bytes without re-encoding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Final
+
+import attrs
+import trio
+
+from inboxd.model import Principal
+from inboxd.store.db import Appended, Store
+from inboxd.store.events import JournalEvent
+
+log = logging.getLogger("inboxd.feed")
+
+QUEUE_BOUND: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_POLICY: Final = 1008
+CLOSE_TRY_AGAIN_LATER: Final = 1013
+# Events after which a client asks the store again what its key may see.
+ACCESS_EVENTS: Final = frozenset({"inbox.user.channels_changed", "inbox.user.removed"})
+
+
+@attrs.frozen
+class FeedEvent:
+    seq: int
+    account_pk: int
+    channel_pk: int | None
+    type: str
+    created_at: int
+    frame: bytes
+
+
+def frame_of(seq: int, body: bytes) -> bytes:
+    """``{"seq":N,`` + the envelope's members: the committed bytes, not re-encoded."""
+    return b'{"seq":%d,%s' % (seq, body[1:])
+
+
+def from_journal(e: JournalEvent, account_pk: int) -> FeedEvent:
+    return FeedEvent(e.seq, account_pk, e.channel_pk, e.type, e.created_at, frame_of(e.seq, e.body))
+
+
+def visible(who: Principal, event: FeedEvent) -> bool:
+    if event.account_pk != who.account_pk:
+        return False
+    if event.channel_pk is None:
+        return who.is_owner  # inbox.user.* events: owner keys only
+    return who.can_open(event.channel_pk)
+
+
+def concerns_user(event: FeedEvent, user_id: str) -> bool:
+    """Whether an access-changing event is about this user."""
+    if event.type not in ACCESS_EVENTS:
+        return False
+    body = event.frame[event.frame.index(b",") + 1 :]
+    data = json.loads(b"{" + body)["data"]
+    return bool(data.get("userId") == user_id)
+
+
+class FeedClient:
+    def __init__(self, who: Principal, bound: int) -> None:
+        self.who = who
+        self._send, self.events = trio.open_memory_channel[FeedEvent](bound)
+        self.close_code: int | None = None
+        self.close_reason = ""
+
+    def offer(self, event: FeedEvent) -> None:
+        if self.close_code is not None:
+            return
+        try:
+            self._send.send_nowait(event)
+        except trio.WouldBlock:
+            self.close(CLOSE_TRY_AGAIN_LATER, "the client does not keep up; resume with since")
+
+    def close(self, code: int, reason: str) -> None:
+        """Ask the client's task to close its socket (after what it has queued)."""
+        if self.close_code is None:
+            self.close_code, self.close_reason = code, reason
+            self._send.close()
+
+
+class FeedHub:
+    def __init__(self, store: Store, bound: int = QUEUE_BOUND) -> None:
+        self.store = store
+        self.bound = bound
+        self.clients: set[FeedClient] = set()
+        self.closing = False
+        store.add_journal_listener(self._on_journal)
+
+    def _on_journal(self, appended: list[Appended]) -> None:
+        if not self.clients:
+            return
+        for a in appended:
+            event = FeedEvent(
+                a.seq, a.account_pk, a.channel_pk, a.type, a.created_at, frame_of(a.seq, a.body)
+            )
+            for client in list(self.clients):
+                if client.who.account_pk == a.account_pk:
+                    client.offer(event)
+
+    def register(self, who: Principal) -> FeedClient:
+        client = FeedClient(who, self.bound)
+        if self.closing:
+            client.close(CLOSE_GOING_AWAY, "the server is shutting down")
+        self.clients.add(client)
+        return client
+
+    def unregister(self, client: FeedClient) -> None:
+        self.clients.discard(client)
+
+    def close_key(self, key_pk: int) -> None:
+        """A key was revoked: its sockets close at once."""
+        for client in list(self.clients):
+            if client.who.key_pk == key_pk:
+                client.close(CLOSE_POLICY, "the API key was revoked")
+
+    def close_all(self) -> None:
+        """Shutdown: every socket closes with 1001 (so hypercorn need not wait for them)."""
+        self.closing = True
+        for client in list(self.clients):
+            client.close(CLOSE_GOING_AWAY, "the server is shutting down")

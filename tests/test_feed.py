@@ -1,0 +1,269 @@
+"""The websocket feed (CONTRACT section 8) with real trio-websocket clients over loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    WebSocketConnection,
+    open_websocket_url,
+)
+
+from inboxd import daemon
+from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
+from tests.conftest import Seed, auth, ingest
+
+CONV = "/api/v1/inbox/conversations"
+
+
+def ws_url(base_url: str, **params: Any) -> str:
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return (
+        base_url.replace("http://", "ws://") + "/api/v1/inbox/feed" + (f"?{query}" if query else "")
+    )
+
+
+@asynccontextmanager
+async def feed(
+    base_url: str, key: str | None, *, header: bool = True, **params: Any
+) -> AsyncIterator[WebSocketConnection]:
+    headers = [(b"Authorization", f"Bearer {key}".encode())] if key and header else []
+    async with open_websocket_url(ws_url(base_url, **params), extra_headers=headers) as ws:
+        if key and not header:
+            await ws.send_message(json.dumps({"type": "auth", "token": key}))
+        yield ws
+        if not ws.closed:
+            # hypercorn pings right after the upgrade; trio-websocket crashes if that ping
+            # arrives while it is closing (python-trio/trio-websocket#184) and the crash surfaces
+            # as a Cancelled that ends the test early. A ping round trip first drains it.
+            await ws.ping()
+
+
+async def frames(ws: WebSocketConnection, count: int, within: float = 10) -> list[dict[str, Any]]:
+    out = []
+    with trio.fail_after(within):
+        while len(out) < count:
+            out.append(json.loads(await ws.get_message()))
+    return out
+
+
+async def nothing_more(ws: WebSocketConnection, wait: float = 0.3) -> None:
+    with trio.move_on_after(wait):
+        extra = await ws.get_message()
+        raise AssertionError(f"unexpected frame {extra}")
+
+
+async def test_every_change_arrives_as_a_frame_in_commit_order(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    async with feed(base_url, seeded.owner_key) as ws:
+        msg = await ingest(owner, seeded.sales_id, "15550001", content="hi")
+        conv = msg["conversationId"]
+        await owner.post(f"/api/v1/messaging/messages/{msg['id']}/status", json={"status": "READ"})
+        await owner.post(f"{CONV}/{conv}/read")
+        await owner.patch(f"{CONV}/{conv}/assignee", json={"userId": seeded.ann_id})
+        await owner.patch(f"{CONV}/{conv}/status", json={"status": "CLOSED"})
+        got = await frames(ws, 7)
+    assert [f["type"] for f in got] == [
+        "inbox.message.created",
+        "inbox.message.status_changed",
+        "inbox.conversation.read",
+        "inbox.message.created",  # the SYSTEM row of the assignment
+        "inbox.conversation.assigned",
+        "inbox.message.created",  # the SYSTEM row of the close
+        "inbox.conversation.status_changed",
+    ]
+    assert all(set(f) == {"seq", "id", "type", "createdAt", "data"} for f in got)
+    seqs = [f["seq"] for f in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 7
+    assert got[0]["data"] == msg
+
+
+async def test_visibility_per_key(owner: httpx.AsyncClient, base_url: str, seeded: Seed) -> None:
+    async with feed(base_url, seeded.bob_key) as bob, feed(base_url, seeded.ann_key) as ann:
+        await ingest(owner, seeded.support_id, "15550002", content="support only")
+        await ingest(owner, seeded.sales_id, "15550001", content="sales")
+        await owner.post(
+            "/api/v1/inbox/team/invites", json={"email": "z@example.com", "channelIds": []}
+        )
+        (bob_frame,) = await frames(bob, 1)
+        assert bob_frame["data"]["content"] == "sales"
+        await nothing_more(bob)
+        ann_frames = await frames(ann, 2)
+        assert [f["data"]["content"] for f in ann_frames] == ["support only", "sales"]
+        await nothing_more(ann)  # inbox.user.* events go to owner keys only
+
+
+async def test_auth_by_first_frame_and_refusals(
+    base_url: str, seeded: Seed, owner: httpx.AsyncClient
+) -> None:
+    async with feed(base_url, seeded.owner_key, header=False) as ws:
+        await ingest(owner, seeded.sales_id, "15550001", content="hi")
+        assert (await frames(ws, 1))[0]["type"] == "inbox.message.created"
+    with pytest.raises(ConnectionRejected) as rejected:
+        async with feed(base_url, "ibx_wrong"):
+            pass
+    assert rejected.value.status_code == 401
+    async with open_websocket_url(ws_url(base_url)) as ws:
+        await ws.send_message(json.dumps({"type": "auth", "token": "ibx_wrong"}))
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+    assert closed.value.reason.code == 1008
+
+
+async def test_no_auth_frame_within_10_s_closes(
+    autojump_clock: trio.testing.MockClock, base_url: str
+) -> None:
+    async with open_websocket_url(ws_url(base_url)) as ws:
+        started = trio.current_time()
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+    assert closed.value.reason.code == 1008
+    assert 10 <= trio.current_time() - started < 11
+
+
+async def test_since_replays_then_goes_live_without_gap_or_duplicate(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    first = await ingest(owner, seeded.sales_id, "15550001", content="m0")
+    async with feed(base_url, seeded.owner_key) as probe:
+        await ingest(owner, seeded.sales_id, "15550001", content="m1")
+        since = (await frames(probe, 1))[0]["seq"] - 1
+    del first
+    total = 120
+
+    async def writer() -> None:
+        for i in range(2, total):
+            await ingest(owner, seeded.sales_id, "15550001", content=f"m{i}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        await trio.sleep(0.05)  # connect while the writer is busy
+        async with feed(base_url, seeded.owner_key, since=since) as ws:
+            got = await frames(ws, total - 1, within=30)
+    contents = [f["data"]["content"] for f in got]
+    assert contents == [f"m{i}" for i in range(1, total)]
+    seqs = [f["seq"] for f in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+async def test_since_older_than_retention_gets_feed_reset(
+    autojump_clock: trio.testing.MockClock, owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    await ingest(owner, seeded.sales_id, "15550001", content="old")
+    await trio.sleep(8 * 86400)
+    async with feed(base_url, seeded.owner_key, since=0) as ws:
+        (reset,) = await frames(ws, 1)
+        assert reset == {"type": "feed.reset"}
+        await ingest(owner, seeded.sales_id, "15550001", content="new")
+        (live,) = await frames(ws, 1)
+        assert live["data"]["content"] == "new"
+
+
+async def test_revoking_a_key_closes_its_sockets(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    new = (await owner.post("/api/v1/inbox/keys", headers=auth(seeded.ann_key))).json()
+    async with feed(base_url, new["apiKey"]) as ws:
+        await owner.delete(f"/api/v1/inbox/keys/{new['keyId']}", headers=auth(seeded.ann_key))
+        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(5):
+            await ws.get_message()
+    assert closed.value.reason.code == 1008
+
+
+async def test_losing_a_channel_stops_its_events_and_removal_closes(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    members = (await owner.get("/api/v1/inbox/team/members")).json()
+    ann = next(m for m in members if m["userId"] == seeded.ann_id)
+    async with feed(base_url, seeded.ann_key) as ws:
+        await ingest(owner, seeded.support_id, "15550002", content="visible")
+        await owner.put(
+            f"/api/v1/inbox/team/members/{ann['memberId']}/channels",
+            json={"channelIds": [seeded.sales_id]},
+        )
+        await ingest(owner, seeded.support_id, "15550002", content="hidden now")
+        await ingest(owner, seeded.sales_id, "15550003", content="still visible")
+        got = await frames(ws, 2)
+        assert [f["data"]["content"] for f in got] == ["visible", "still visible"]
+        await owner.delete(f"/api/v1/inbox/team/members/{ann['memberId']}")
+        await ingest(owner, seeded.sales_id, "15550003", content="after removal")
+        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(5):
+            await ws.get_message()
+    assert closed.value.reason.code == 1008
+
+
+@pytest.fixture
+def config() -> Config:
+    # A short shutdown_timeout: hypercorn's ping task of a closed websocket sleeps out its 20 s
+    # interval and holds a graceful stop until this timeout (see daemon.py).
+    return Config(
+        server=ServerConfig(shutdown_timeout=0.2),
+        feed=FeedConfig(queue_bound=20),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+
+
+async def test_a_client_that_does_not_keep_up_is_closed_with_1013(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    big = "x" * 100_000  # large frames fill the socket buffers of a client that stops reading
+    async with feed(base_url, seeded.owner_key) as slow, feed(base_url, seeded.owner_key) as fast:
+        for i in range(200):
+            await ingest(owner, seeded.sales_id, "15550001", content=f"{i} {big}")
+            got = await frames(fast, 1)  # the fast client keeps up, and is never closed
+            assert got[0]["data"]["content"].startswith(f"{i} ")
+        received = 0
+        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(10):
+            while True:
+                await slow.get_message()
+                received += 1
+    assert closed.value.reason.code == 1013
+    assert received < 200
+
+
+async def test_rest_events_same_stream_and_visibility(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    for i in range(5):
+        await ingest(
+            owner, seeded.sales_id if i % 2 else seeded.support_id, f"1555000{i}", content=f"m{i}"
+        )
+    page = (await owner.get("/api/v1/inbox/events", params={"limit": 3})).json()
+    assert [e["data"]["content"] for e in page["events"]] == ["m0", "m1", "m2"]
+    assert page["hasMore"] is True
+    rest = (await owner.get("/api/v1/inbox/events", params={"after": page["nextAfter"]})).json()
+    assert [e["data"]["content"] for e in rest["events"]] == ["m3", "m4"]
+    assert rest["hasMore"] is False
+    bobs = (await owner.get("/api/v1/inbox/events", headers=auth(seeded.bob_key))).json()
+    assert [e["data"]["content"] for e in bobs["events"]] == ["m1", "m3"]
+    assert all(set(e) == {"seq", "id", "type", "createdAt", "data"} for e in bobs["events"])
+    assert (await owner.get("/api/v1/inbox/events", params={"after": "x"})).status_code == 400
+
+
+async def test_shutdown_closes_sockets_with_1001_and_exits(seeded: Seed) -> None:
+    shutdown = trio.Event()
+    with trio.fail_after(10):  # CONTRACT section 1: exit within 10 s
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(
+                lambda task_status: daemon.run(
+                    seeded.data_dir, Config(), shutdown, bind="127.0.0.1:0", task_status=task_status
+                )
+            )
+            async with feed(urls[0], seeded.owner_key) as ws:
+                await ws.ping()
+                stopped_at = trio.current_time()
+                shutdown.set()
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.get_message()
+                assert trio.current_time() - stopped_at < 1
+    assert closed.value.reason.code == 1001
