@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import supervisors
+from bench import feed, supervisors
 
-BENCHMARKS = {"supervisors": supervisors}
+BENCHMARKS = {"feed": feed, "supervisors": supervisors}
 
 
 def main(argv: list[str] | None = None) -> int:

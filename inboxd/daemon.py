@@ -125,6 +125,7 @@ async def run(
                 feed_hub.close_all()
 
             nursery.start_soon(close_feed_on_shutdown)
+            nursery.start_soon(feed_hub.sweep_revoked)
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
             await nursery.start(Mailer(store, config.mail, data_dir, clock).run)

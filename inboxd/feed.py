@@ -24,12 +24,14 @@ import attrs
 import trio
 
 from inboxd.model import Principal
+from inboxd.store.accounts import dead_keys
 from inboxd.store.db import Appended, Store
 from inboxd.store.events import JournalEvent
 
 log = logging.getLogger("inboxd.feed")
 
 QUEUE_BOUND: Final = 1000
+REVOCATION_SWEEP_SECONDS: Final = 15.0
 CLOSE_GOING_AWAY: Final = 1001
 CLOSE_POLICY: Final = 1008
 CLOSE_TRY_AGAIN_LATER: Final = 1013
@@ -44,7 +46,8 @@ class FeedEvent:
     channel_pk: int | None
     type: str
     created_at: int
-    frame: bytes
+    # The frame as text, decoded once here rather than once per client.
+    frame: str
 
 
 def frame_of(seq: int, body: bytes) -> bytes:
@@ -53,7 +56,9 @@ def frame_of(seq: int, body: bytes) -> bytes:
 
 
 def from_journal(e: JournalEvent, account_pk: int) -> FeedEvent:
-    return FeedEvent(e.seq, account_pk, e.channel_pk, e.type, e.created_at, frame_of(e.seq, e.body))
+    return FeedEvent(
+        e.seq, account_pk, e.channel_pk, e.type, e.created_at, frame_of(e.seq, e.body).decode()
+    )
 
 
 def visible(who: Principal, event: FeedEvent) -> bool:
@@ -68,8 +73,7 @@ def concerns_user(event: FeedEvent, user_id: str) -> bool:
     """Whether an access-changing event is about this user."""
     if event.type not in ACCESS_EVENTS:
         return False
-    body = event.frame[event.frame.index(b",") + 1 :]
-    data = json.loads(b"{" + body)["data"]
+    data = json.loads(event.frame)["data"]
     return bool(data.get("userId") == user_id)
 
 
@@ -108,7 +112,12 @@ class FeedHub:
             return
         for a in appended:
             event = FeedEvent(
-                a.seq, a.account_pk, a.channel_pk, a.type, a.created_at, frame_of(a.seq, a.body)
+                a.seq,
+                a.account_pk,
+                a.channel_pk,
+                a.type,
+                a.created_at,
+                frame_of(a.seq, a.body).decode(),
             )
             for client in list(self.clients):
                 if client.who.account_pk == a.account_pk:
@@ -129,6 +138,22 @@ class FeedHub:
         for client in list(self.clients):
             if client.who.key_pk == key_pk:
                 client.close(CLOSE_POLICY, "the API key was revoked")
+
+    async def sweep_revoked(self, every: float = REVOCATION_SWEEP_SECONDS) -> None:
+        """Close sockets whose key was revoked elsewhere (the CLI, another process): the API's
+        own revocations close them at once; this catches the rest within ``every`` seconds."""
+        while True:
+            await trio.sleep(every)
+            live_keys = {client.who.key_pk for client in self.clients}
+            if not live_keys:
+                continue
+            try:
+                dead = await self.store.read(dead_keys, sorted(live_keys))
+            except Exception:
+                log.exception("could not check the feed's keys")
+                continue
+            for key_pk in dead:
+                self.close_key(key_pk)
 
     def close_all(self) -> None:
         """Shutdown: every socket closes with 1001 (so hypercorn need not wait for them)."""

@@ -267,3 +267,24 @@ async def test_shutdown_closes_sockets_with_1001_and_exits(seeded: Seed) -> None
                     await ws.get_message()
                 assert trio.current_time() - stopped_at < 1
     assert closed.value.reason.code == 1001
+
+
+async def test_a_key_revoked_by_the_cli_closes_its_socket_soon(
+    autojump_clock: trio.testing.MockClock, base_url: str, seeded: Seed, store: Any
+) -> None:
+    from inboxd.store import accounts as accounts_sql
+
+    async with feed(base_url, seeded.bob_key) as ws:
+        key_id = store.read_sync(
+            lambda c: c.execute(
+                "SELECT k.id FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE u.id = ?",
+                (seeded.bob_id,),
+            ).fetchone()[0]
+        )
+        account_pk = store.read_sync(accounts_sql.the_account_pk)
+        store.write_sync(accounts_sql.revoke_key, account_pk, key_id, 1)  # as `inboxd key revoke`
+        started = trio.current_time()
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+    assert closed.value.reason.code == 1008
+    assert trio.current_time() - started <= 16

@@ -113,7 +113,7 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
             if client.close_code is not None:
                 return
             continue
-        await websocket.send(event.frame.decode())
+        await websocket.send(event.frame)
 
 
 async def _allowed(client: FeedClient, event: FeedEvent) -> bool:
@@ -141,7 +141,7 @@ async def _replay(client: FeedClient, since: int) -> int:
         for journal_event in batch:
             event = from_journal(journal_event, client.who.account_pk)
             if await _allowed(client, event):
-                await websocket.send(event.frame.decode())
+                await websocket.send(event.frame)
             last = event.seq
         if len(batch) < REPLAY_BATCH:
             return last
@@ -154,7 +154,7 @@ async def list_events() -> Response:
     after = _seq_arg("after", request.args.get("after")) or 0
     limit = arg_limit()
     store = state().store
-    frames: list[bytes] = []
+    frames: list[str] = []
     last = after
     has_more = False
     while len(frames) < limit:
@@ -169,13 +169,6 @@ async def list_events() -> Response:
             last = event.seq
         if has_more or len(batch) < REPLAY_BATCH:
             break
-    body = (
-        b'{"events":['
-        + b",".join(frames)
-        + b'],"nextAfter":%d,"hasMore":%s}'
-        % (
-            last,
-            b"true" if has_more else b"false",
-        )
-    )
+    more = "true" if has_more else "false"
+    body = f'{{"events":[{",".join(frames)}],"nextAfter":{last},"hasMore":{more}}}'
     return Response(body, content_type="application/json")

@@ -223,6 +223,19 @@ def _principal(conn: sqlite3.Connection, row: sqlite3.Row) -> Principal:
     )
 
 
+def dead_keys(conn: sqlite3.Connection, key_pks: list[int]) -> list[int]:
+    """Which of these keys no longer work (revoked, or their user removed)."""
+    marks = ",".join("?" * len(key_pks))
+    return [
+        r[0]
+        for r in conn.execute(
+            f"SELECT k.pk FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE k.pk IN ({marks})"
+            " AND (k.revoked_at IS NOT NULL OR u.removed_at IS NOT NULL)",
+            key_pks,
+        )
+    ]
+
+
 def touch_keys(conn: sqlite3.Connection, used: dict[int, int]) -> None:
     """Record lastUsedAt for keys (key pk -> time), batched by the caller."""
     conn.executemany(
