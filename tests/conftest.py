@@ -18,10 +18,11 @@ import trio.testing
 
 from inboxd import daemon
 from inboxd.clock import TrioClock
-from inboxd.config import Config, LimitsConfig
+from inboxd.config import Config, LimitsConfig, WebhooksConfig
 from inboxd.store import accounts
 from inboxd.store.db import Store
 from inboxd.timeutil import now_us
+from tests.receiver import Certs, Receiver, make_certs, running_receiver
 
 
 @attrs.frozen
@@ -151,6 +152,26 @@ def store(seeded: Seed) -> Iterator[Store]:
     s = Store.open(seeded.data_dir, readers=1)
     yield s
     s.close()
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Certs:
+    """A local CA and a certificate for 127.0.0.1 and localhost (for HTTPS receivers)."""
+    return make_certs(tmp_path / "tls")
+
+
+def webhook_config(certs: Certs) -> Config:
+    """Trust the local CA, allow loopback receivers, no rate limit."""
+    return Config(
+        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+
+
+@pytest.fixture
+async def receiver(certs: Certs) -> AsyncIterator[Receiver]:
+    async with running_receiver(certs) as r:
+        yield r
 
 
 async def ingest(client: httpx.AsyncClient, channel_id: str, phone: str, **extra: Any) -> Any:

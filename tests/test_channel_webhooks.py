@@ -20,31 +20,17 @@ import trio.testing
 
 from inboxd import daemon
 from inboxd.clock import TrioClock
-from inboxd.config import Config, LimitsConfig, WebhooksConfig
-from tests.conftest import Seed, auth, ingest
-from tests.receiver import Certs, Receiver, make_certs, running_receiver
+from inboxd.config import Config
+from tests.conftest import Seed, auth, ingest, webhook_config
+from tests.receiver import Certs, Receiver, running_receiver
 
 MIN = 60.0
 HOUR = 60 * MIN
 
 
 @pytest.fixture
-def certs(tmp_path: Path) -> Certs:
-    return make_certs(tmp_path / "tls")
-
-
-@pytest.fixture
 def config(certs: Certs) -> Config:
-    return Config(
-        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
-        limits=LimitsConfig(requests_per_second=0),
-    )
-
-
-@pytest.fixture
-async def receiver(certs: Certs) -> AsyncIterator[Receiver]:
-    async with running_receiver(certs) as r:
-        yield r
+    return webhook_config(certs)
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ the deliveries. Retry timing runs on trio's MockClock (the ``autojump_clock`` fi
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,33 +14,19 @@ import pytest
 import trio
 
 from inboxd import daemon
-from inboxd.config import Config, LimitsConfig, WebhooksConfig
+from inboxd.config import Config
 from inboxd.store.db import Store
 from inboxd.webhooks import catalog
-from tests.conftest import Seed, auth, ingest
-from tests.receiver import Certs, Receiver, make_certs, running_receiver
+from tests.conftest import Seed, auth, ingest, webhook_config
+from tests.receiver import Certs, Receiver, running_receiver
 
 HOOK = "/api/v1/inbox/webhook"
 CONV = "/api/v1/inbox/conversations"
 
 
 @pytest.fixture
-def certs(tmp_path: Path) -> Certs:
-    return make_certs(tmp_path / "tls")
-
-
-@pytest.fixture
 def config(certs: Certs) -> Config:
-    return Config(
-        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
-        limits=LimitsConfig(requests_per_second=0),
-    )
-
-
-@pytest.fixture
-async def receiver(certs: Certs) -> AsyncIterator[Receiver]:
-    async with running_receiver(certs) as r:
-        yield r
+    return webhook_config(certs)
 
 
 async def save(owner: httpx.AsyncClient, url: str) -> dict[str, Any]:

@@ -84,11 +84,12 @@ def create_key(conn: sqlite3.Connection, account_pk: int, user_pk: int, now: int
     return NewKey(api_key=api_key, key_id=key_id, prefix=prefix)
 
 
-def _channel_pks_by_id(
+def channel_pks_by_id(
     conn: sqlite3.Connection, account_pk: int, channel_ids: list[str]
 ) -> list[int]:
+    """The account's channels by id, each once; NotFound naming the first unknown id."""
     pks = []
-    for channel_id in channel_ids:
+    for channel_id in dict.fromkeys(channel_ids):
         row = conn.execute(
             "SELECT pk FROM channels WHERE id = ? AND account_pk = ?", (channel_id, account_pk)
         ).fetchone()
@@ -114,7 +115,7 @@ def create_operator(
     ).fetchone()
     if existing is not None:
         raise InvalidRequest(f"a user with email {email} already exists")
-    channel_pks = _channel_pks_by_id(conn, account_pk, channel_ids)
+    channel_pks = channel_pks_by_id(conn, account_pk, channel_ids)
     user_id = ids.new_id("usr")
     member_id = ids.new_id("mem")
     cur = conn.execute(

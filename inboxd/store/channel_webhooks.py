@@ -11,7 +11,7 @@ import attrs
 from inboxd import ids
 from inboxd.errors import NotFound
 from inboxd.store import mail
-from inboxd.store.events import JournalEvent
+from inboxd.store.events import JOURNAL_COLUMNS, JournalEvent, journal_event
 from inboxd.webhooks import notices
 from inboxd.webhooks.policy import DELIVERING, Decision, UrlState, reenabled
 
@@ -108,21 +108,12 @@ def head_event(
 ) -> JournalEvent | None:
     """The oldest event this URL still owes (kept no longer than the backlog retention)."""
     r = conn.execute(
-        "SELECT seq, id, type, channel_pk, created_at, body FROM events"
+        f"SELECT {JOURNAL_COLUMNS} FROM events"
         " WHERE channel_pk = ? AND for_channel_webhooks = 1 AND seq > ? AND created_at >= ?"
         " ORDER BY seq LIMIT 1",
         (channel_pk, after_seq, min_created_at),
     ).fetchone()
-    if r is None:
-        return None
-    return JournalEvent(
-        seq=r["seq"],
-        id=r["id"],
-        type=r["type"],
-        channel_pk=r["channel_pk"],
-        created_at=r["created_at"],
-        body=bytes(r["body"]),
-    )
+    return None if r is None else journal_event(r)
 
 
 def backlog(conn: sqlite3.Connection, channel_pk: int, after_seq: int, min_created_at: int) -> int:

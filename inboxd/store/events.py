@@ -97,14 +97,19 @@ def read_after(
         " WHERE account_pk = ? AND seq > ? ORDER BY seq LIMIT ?",
         (account_pk, after_seq, limit),
     ).fetchall()
-    return [
-        JournalEvent(
-            seq=r["seq"],
-            id=r["id"],
-            type=r["type"],
-            channel_pk=r["channel_pk"],
-            created_at=r["created_at"],
-            body=bytes(r["body"]),
-        )
-        for r in rows
-    ]
+    return [journal_event(r) for r in rows]
+
+
+JOURNAL_COLUMNS: Final = "seq, id, type, channel_pk, created_at, body"
+
+
+def journal_event(r: sqlite3.Row) -> JournalEvent:
+    """A row of ``SELECT {JOURNAL_COLUMNS} FROM events``."""
+    return JournalEvent(
+        seq=r["seq"],
+        id=r["id"],
+        type=r["type"],
+        channel_pk=r["channel_pk"],
+        created_at=r["created_at"],
+        body=bytes(r["body"]),
+    )

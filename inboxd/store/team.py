@@ -62,18 +62,6 @@ def _invite(row: sqlite3.Row, now: int) -> Invite:
     )
 
 
-def _check_channels(conn: sqlite3.Connection, account_pk: int, channel_ids: list[str]) -> list[int]:
-    pks = []
-    for channel_id in dict.fromkeys(channel_ids):
-        row = conn.execute(
-            "SELECT pk FROM channels WHERE id = ? AND account_pk = ?", (channel_id, account_pk)
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"channel {channel_id} does not exist")
-        pks.append(int(row["pk"]))
-    return pks
-
-
 def _active_user_with_email(conn: sqlite3.Connection, account_pk: int, email: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM users WHERE account_pk = ? AND email = ? COLLATE NOCASE"
@@ -98,7 +86,7 @@ def invite(
     conn: sqlite3.Connection, who: Principal, email: str, channel_ids: list[str], now: int
 ) -> NewInvite:
     _owner_only(who)
-    _check_channels(conn, who.account_pk, channel_ids)
+    accounts.channel_pks_by_id(conn, who.account_pk, channel_ids)
     channel_ids = list(dict.fromkeys(channel_ids))
     if _active_user_with_email(conn, who.account_pk, email):
         raise Conflict(f"{email} is already a member of the account", code="already_member")
@@ -276,7 +264,7 @@ def set_member_channels(
 ) -> Member:
     _owner_only(who)
     member, user_pk = _member(conn, who.account_pk, member_id)
-    channel_pks = _check_channels(conn, who.account_pk, channel_ids)
+    channel_pks = accounts.channel_pks_by_id(conn, who.account_pk, channel_ids)
     conn.execute("DELETE FROM channel_access WHERE user_pk = ?", (user_pk,))
     conn.executemany(
         "INSERT INTO channel_access (user_pk, channel_pk) VALUES (?, ?)",

@@ -9,7 +9,7 @@ import attrs
 
 from inboxd import ids
 from inboxd.errors import NotFound
-from inboxd.store.events import WEBHOOK_TYPES_SQL, JournalEvent
+from inboxd.store.events import JOURNAL_COLUMNS, WEBHOOK_TYPES_SQL, JournalEvent, journal_event
 
 SECRET_PREFIX_LEN: Final = 12
 
@@ -105,19 +105,8 @@ class Work:
 
 
 def _event(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> JournalEvent | None:
-    row = conn.execute(
-        f"SELECT seq, id, type, channel_pk, created_at, body FROM events WHERE {where}", params
-    ).fetchone()
-    if row is None:
-        return None
-    return JournalEvent(
-        seq=row["seq"],
-        id=row["id"],
-        type=row["type"],
-        channel_pk=row["channel_pk"],
-        created_at=row["created_at"],
-        body=bytes(row["body"]),
-    )
+    row = conn.execute(f"SELECT {JOURNAL_COLUMNS} FROM events WHERE {where}", params).fetchone()
+    return None if row is None else journal_event(row)
 
 
 def next_work(conn: sqlite3.Connection, account_pk: int) -> Work | None:

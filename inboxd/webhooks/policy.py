@@ -94,7 +94,8 @@ def wake_at(s: UrlState) -> int | None:
     return None
 
 
-def _episode_over(s: UrlState, r: Result, now: int) -> UrlState:
+def reenabled(s: UrlState) -> UrlState:
+    """A fresh episode, delivering (also what saving the URL again does, via POST /webhook)."""
     return attrs.evolve(
         s,
         state=DELIVERING,
@@ -106,6 +107,12 @@ def _episode_over(s: UrlState, r: Result, now: int) -> UrlState:
         probes_done=0,
         disabled_at=None,
         next_attempt_at=None,
+    )
+
+
+def _episode_over(s: UrlState, r: Result, now: int) -> UrlState:
+    return attrs.evolve(
+        reenabled(s),
         last_success_at=now if r.kind == "success" else s.last_success_at,
         last_status=r.status,
         last_error=r.error,
@@ -166,20 +173,4 @@ def decide(s: UrlState, r: Result, now: int, p: Policy) -> Decision:
         state=attrs.evolve(failed, warned=s.warned or warn, next_attempt_at=now + delay),
         advance=False,
         warn=warn,
-    )
-
-
-def reenabled(s: UrlState) -> UrlState:
-    """The URL was saved again (POST /webhook): deliver, with a fresh episode."""
-    return attrs.evolve(
-        s,
-        state=DELIVERING,
-        failure_count=0,
-        first_failure_at=None,
-        warned=False,
-        paused_at=None,
-        next_probe_at=None,
-        probes_done=0,
-        disabled_at=None,
-        next_attempt_at=None,
     )
