@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import feed, supervisors
+from bench import feed, generate, supervisors
 
-BENCHMARKS = {"feed": feed, "supervisors": supervisors}
+BENCHMARKS = {"feed": feed, "generate": generate, "supervisors": supervisors}
 
 
 def main(argv: list[str] | None = None) -> int:
