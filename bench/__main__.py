@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import feed, generate, supervisors
+from bench import feed, generate, http, supervisors
 
-BENCHMARKS = {"feed": feed, "generate": generate, "supervisors": supervisors}
+BENCHMARKS = {
+    "feed": feed,
+    "generate": generate,
+    "http": http,
+    "supervisors": supervisors,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Starts the real daemon (a subprocess, its own store) and connects N websocket cl
 process. Each round reports one outbound message through the messaging API (one journal event,
 so one frame per client) and times until the last client has its ``inbox.message.created`` frame
 (from sending the request, and from the response, which comes after the commit). The same clients then measure the ceiling: a bare quart-trio app broadcasting a
-frame of the same size (bench/bare_broadcast.py). While the rounds run, another task reads one
+frame of the same size (bench/bare.py). While the rounds run, another task reads one
 conversation over and over: the API's latency while the feed is busy, beside the same reads idle.
 """
 
@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         text = json.dumps(frame, separators=(",", ":"))
         template = text.replace(frame["data"]["content"], "MARKER")
         bare_port = free_port()
-        bare_proc = start(["-m", "bench.bare_broadcast", str(bare_port)])
+        bare_proc = start(["-m", "bench.bare", str(bare_port)])
         try:
             bare_base = f"http://127.0.0.1:{bare_port}"
             wait_http(f"{bare_base}/healthz")

@@ -1,7 +1,8 @@
-"""The framework's ceiling for the feed: a bare quart-trio app on hypercorn's trio worker that
-broadcasts one frame to every connected websocket, through a per-client queue like inboxd's.
+"""The framework's ceilings: a bare quart-trio app on hypercorn's trio worker, set up like the
+daemon. ``GET /ceiling`` returns 1 KB of JSON (the HTTP ceiling); ``POST /broadcast`` sends its
+body to every websocket on ``/feed`` through a per-client queue, like inboxd's feed.
 
-Run as ``python -m bench.bare_broadcast PORT``; POST /broadcast with the frame as the body.
+Run as ``python -m bench.bare PORT``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ clients: set[trio.MemorySendChannel[str]] = set()
 @app.get("/healthz")
 async def healthz() -> str:
     return "ok"
+
+
+_KB_OF_JSON = {"items": [{"id": f"item_{i:04d}", "name": "x" * 20} for i in range(19)]}
+
+
+@app.get("/ceiling")
+async def ceiling() -> dict[str, object]:
+    return _KB_OF_JSON
 
 
 @app.post("/broadcast")

@@ -1,0 +1,266 @@
+"""HTTP API speed: requests/s and latency per endpoint, beside the framework's ceiling.
+
+Needs a store from ``python -m bench generate`` (``--data DIR``). Starts the daemon on it and the
+bare quart-trio app (bench/bare.py) with the same hypercorn setup, then loads each endpoint with
+``wrk`` (32 connections; Debian's package ``wrk``) or, where wrk is missing, a slower Python
+driver (say so in the output: its figures are bounded by the driver). Writes go through Lua
+scripts that change the title, the assignee and the status of many conversations in turn, so
+every request is a real change (SYSTEM row + event + the change in one transaction).
+
+Beside each endpoint: its share of the ceiling's requests/s in the same run, and the storage
+floor: the same store function called directly on the same file, one thread, no HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import report
+from bench.feed import free_port, start, wait_http
+from inboxd.store import accounts, conversations, messages
+from inboxd.store.db import Store, db_path
+
+CONNECTIONS = 32
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="a store made by 'python -m bench generate'")
+    p.add_argument("--seconds", type=float, default=10.0, help="load per endpoint (10)")
+    p.add_argument("--driver", choices=["auto", "wrk", "python"], default="auto")
+
+
+def pick(data: Path) -> dict[str, Any]:
+    """Ids the requests use: the largest channel, conversations in it, search words."""
+    conn = sqlite3.connect(db_path(data))
+    largest_pk, largest = conn.execute(
+        "SELECT c.channel_pk, ch.id FROM conversation_counts c JOIN channels ch"
+        " ON ch.pk = c.channel_pk GROUP BY c.channel_pk ORDER BY sum(n) DESC LIMIT 1"
+    ).fetchone()
+    convs = [
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM conversations WHERE channel_pk = ? ORDER BY sort_at DESC LIMIT 2000",
+            (largest_pk,),
+        )
+    ]
+    open_convs = [
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM conversations WHERE channel_pk = ? AND status = 'OPEN'"
+            " ORDER BY sort_at DESC LIMIT 1000",
+            (largest_pk,),
+        )
+    ]
+    owner_id = conn.execute("SELECT id FROM users WHERE role = 'OWNER'").fetchone()[0]
+    conn.close()
+    info = json.loads((data / "bench.json").read_text())
+    return {
+        "channel": largest,
+        "conversations": convs,
+        # Status writes close then reopen these, so every request is a real change.
+        "open_conversations": open_convs,
+        "owner_id": owner_id,
+        "key": info["ownerKey"],
+        "queries": ["order", "refund", "delivery address", "Hopper", "invoice", "Schulz", "4915"],
+    }
+
+
+LUA_ROTATE = """
+local paths = {%s}
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format(nil, paths[(i %% #paths) + 1])
+end
+"""
+
+LUA_WRITE = """
+local ids = {%s}
+local kind = "%s"
+local owner = "%s"
+local i = 0
+request = function()
+  i = i + 1
+  local id = ids[(i %% #ids) + 1]
+  local round = math.floor(i / #ids)
+  local body
+  local path = "/api/v1/inbox/conversations/" .. id .. "/" .. kind
+  if kind == "title" then
+    body = '{"title": "t' .. i .. '"}'
+  elseif kind == "status" then
+    if round %% 2 == 0 then body = '{"status": "CLOSED"}' else body = '{"status": "OPEN"}' end
+  else
+    if round %% 2 == 0 then body = '{"userId": "' .. owner .. '"}' else body = '{"userId": null}' end
+  end
+  local headers = {}
+  for k, v in pairs(wrk.headers) do headers[k] = v end
+  headers["Content-Type"] = "application/json"
+  return wrk.format("PATCH", path, headers, body)
+end
+"""
+
+
+def run_wrk(url: str, seconds: float, key: str | None, script: str | None) -> dict[str, float]:
+    cmd = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{seconds:.0f}s", "--latency"]
+    if key:
+        cmd += ["-H", f"Authorization: Bearer {key}"]
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
+        fh.write(script or "")
+    if script:
+        cmd += ["-s", fh.name]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
+    Path(fh.name).unlink()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    lat = {}
+    for q, value, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):
+        lat[q] = float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return {
+        "rps": rps,
+        "p50_ms": lat.get("50", 0.0),
+        "p99_ms": lat.get("99", 0.0),
+        "non_2xx": float(non2xx.group(1)) if non2xx else 0.0,
+    }
+
+
+def run_python(
+    url: str, seconds: float, key: str | None, paths: list[str] | None
+) -> dict[str, float]:
+    """A plain driver for machines without wrk (CI's smoke run): GETs only."""
+    import trio
+
+    latencies: list[float] = []
+
+    async def worker(client: httpx.AsyncClient, deadline: float, offset: int) -> None:
+        i = offset
+        while time.perf_counter() < deadline:
+            path = paths[i % len(paths)] if paths else ""
+            t = time.perf_counter()
+            await client.get(url + path)
+            latencies.append(time.perf_counter() - t)
+            i += 1
+
+    async def main() -> float:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(headers=headers, timeout=30) as client:
+            started = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for w in range(CONNECTIONS):
+                    nursery.start_soon(worker, client, started + seconds, w)
+            return time.perf_counter() - started
+
+    took = trio.run(main)
+    latencies.sort()
+    return {
+        "rps": len(latencies) / took,
+        "p50_ms": latencies[len(latencies) // 2] * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+        "non_2xx": 0.0,
+    }
+
+
+def floor_us(data: Path, ids: dict[str, Any], fn: Any, *args: Any, repeat: int = 300) -> float:
+    """Microseconds per call of a store function, directly on the file."""
+    store = Store.open(data, readers=1)
+    try:
+        who = store.read_sync(accounts.authenticate, ids["key"])
+        started = time.perf_counter()
+        for i in range(repeat):
+            store.read_sync(fn, who, *[a(i) if callable(a) else a for a in args])
+        return (time.perf_counter() - started) / repeat * 1e6
+    finally:
+        store.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    data = Path(args.data)
+    ids = pick(data)
+    driver = args.driver
+    if driver == "auto":
+        driver = "wrk" if shutil.which("wrk") else "python"
+    convs = ids["conversations"]
+    ch = ids["channel"]
+    q = ids["queries"]
+    reads: list[tuple[str, list[str], Any]] = [
+        ("list page (50)", ["/api/v1/inbox/conversations?limit=50"],
+         (conversations.list_page, conversations.ListQuery(limit=50))),
+        ("list page, channel+OPEN", [f"/api/v1/inbox/conversations?limit=50&channelId={ch}&status=OPEN"],
+         (conversations.list_page, conversations.ListQuery(limit=50, channel_id=ch, status="OPEN"))),
+        ("list page, tab=unassigned", ["/api/v1/inbox/conversations?limit=50&tab=unassigned"],
+         (conversations.list_page, conversations.ListQuery(limit=50, tab="unassigned"))),
+        ("read one", [f"/api/v1/inbox/conversations/{c}" for c in convs[:500]],
+         (conversations.get, lambda i: convs[i % 500])),
+        ("counts", ["/api/v1/inbox/conversations/counts"], (conversations.counts, None)),
+        ("search (largest channel)", [f"/api/v1/inbox/conversations/search?channelId={ch}&query={w.replace(' ', '%20')}" for w in q],
+         (conversations.search, ch, lambda i: q[i % len(q)], 50)),
+        ("history page (50)", [f"/api/v1/inbox/conversations/{c}/messages?limit=50" for c in convs[:500]],
+         (messages.history, lambda i: convs[i % 500], "all", 50, None)),
+    ]  # fmt: skip
+    writes = ["title", "status", "assignee"]
+    port, bare_port = free_port(), free_port()
+    daemon = start(
+        ["-m", "inboxd", "serve", "--data", str(data), "--bind", f"127.0.0.1:{port}"],
+        {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"},
+    )
+    bare = start(["-m", "bench.bare", str(bare_port)])
+    results: dict[str, dict[str, float]] = {}
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/readyz")
+        wait_http(f"http://127.0.0.1:{bare_port}/healthz")
+
+        def load(
+            url: str, paths: list[str] | None, key: str | None, script: str | None
+        ) -> dict[str, float]:
+            if driver == "wrk":
+                if script is None and paths and len(paths) > 1:
+                    script = LUA_ROTATE % ", ".join(json.dumps(p) for p in paths)
+                    return run_wrk(url, args.seconds, key, script)
+                return run_wrk(url + (paths[0] if paths else ""), args.seconds, key, script)
+            return run_python(url, args.seconds, key, paths)
+
+        results["ceiling"] = load(f"http://127.0.0.1:{bare_port}/ceiling", None, None, None)
+        for name, paths, _ in reads:
+            results[name] = load(base, paths, ids["key"], None)
+        if driver == "wrk":
+            for kind in writes:
+                targets = ids["open_conversations"] if kind == "status" else convs[:1000]
+                id_list = ", ".join(json.dumps(c) for c in targets)
+                script = LUA_WRITE % (id_list, kind, ids["owner_id"])
+                results[f"write: {kind}"] = load(base, None, ids["key"], script)
+    finally:
+        daemon.terminate()
+        bare.terminate()
+        daemon.wait(15)
+        bare.wait(15)
+    floors = {name: floor_us(data, ids, *spec) for name, _, spec in reads}
+    ceiling = results["ceiling"]["rps"]
+    rows = [("endpoint", "req/s  p50 / p99 ms", "share of ceiling; store floor")]
+    for name, r in results.items():
+        share = "" if name == "ceiling" else f"{r['rps'] / ceiling:.0%} of ceiling"
+        floor = f"; floor {floors[name]:.0f} us" if name in floors else ""
+        errors = f"; {r['non_2xx']:.0f} non-2xx" if r["non_2xx"] else ""
+        rows.append(
+            (
+                name,
+                f"{r['rps']:,.0f}  {r['p50_ms']:.1f} / {r['p99_ms']:.1f}",
+                share + floor + errors,
+            )
+        )
+    report(
+        "http",
+        rows,
+        {"args": {**vars(args), "driver": driver}, "results": results, "floor_us": floors},
+    )
+    return 0
