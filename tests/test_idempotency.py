@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from inboxd.store.db import Store
 from tests import arrange
@@ -76,3 +77,41 @@ async def test_bad_keys_are_400(owner: httpx.AsyncClient, seeded: Seed) -> None:
     for bad in ("", "has space", "x" * 256):
         r = await owner.post(f"{CONV}/{conv}/block", headers={"Idempotency-Key": bad})
         assert r.status_code == 400, bad
+
+
+async def test_a_change_whose_response_was_lost_is_never_applied_twice(
+    seeded: Seed, tmp_path: object
+) -> None:
+    """The daemon dies after the change commits and before the response is stored: a retry
+    after a minute is refused rather than run again (the mark commits with the change)."""
+    from inboxd.errors import Conflict
+    from inboxd.store import accounts, actions, idempotency, messages
+    from inboxd.store.db import IDEMPOTENT_WRITE
+    from inboxd.store.db import Store as StoreClass
+
+    store = StoreClass.open(seeded.data_dir, readers=1, offload=False)
+    try:
+        who = store.read_sync(accounts.authenticate, seeded.owner_key)
+        assert who is not None
+        new = messages.NewMessage(
+            channel_id=seeded.sales_id,
+            direction="INBOUND",
+            phone_number="15550001",
+            contact_name=None,
+            contact_avatar=None,
+            type="TEXT",
+            content="hi",
+        )
+        conv = store.write_sync(messages.ingest, who, new, 1).message.conversation_id
+        assert await store.write(idempotency.claim, who.user_pk, "k", b"fp", 1_000) is None
+        IDEMPOTENT_WRITE.set((who.user_pk, "k"))
+        await store.write(actions.rename, who, conv, "Applied once", 1_000)
+        # ... the process dies here: no idempotency.complete().
+        with pytest.raises(Conflict) as refused:
+            await store.write(idempotency.claim, who.user_pk, "k", b"fp", 1_000 + 61 * 10**6)
+        assert refused.value.code == "idempotency_key_applied"
+        with pytest.raises(Conflict) as running:
+            await store.write(idempotency.claim, who.user_pk, "k", b"fp", 2_000)
+        assert running.value.code == "idempotency_in_progress"
+    finally:
+        store.close()

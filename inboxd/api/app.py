@@ -30,7 +30,7 @@ from inboxd.errors import InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import FeedHub
 from inboxd.model import Principal
 from inboxd.store import accounts, idempotency
-from inboxd.store.db import Store
+from inboxd.store.db import IDEMPOTENT_WRITE, Store
 from inboxd.webhooks.channel import ChannelWebhookHub
 
 log = logging.getLogger("inboxd.api")
@@ -132,6 +132,7 @@ async def _idempotency_claim(who: Principal) -> Response | None:
             headers={"Idempotent-Replayed": "true"},
         )
     g.idempotency_key = key
+    IDEMPOTENT_WRITE.set((who.user_pk, key))
     return None
 
 
@@ -139,6 +140,7 @@ async def _idempotency_complete(response: Response) -> None:
     key = g.pop("idempotency_key", None)
     if key is None:
         return
+    IDEMPOTENT_WRITE.set(None)
     store, user_pk = state().store, principal().user_pk
     try:
         if response.status_code >= 500:

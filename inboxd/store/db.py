@@ -17,6 +17,7 @@ same file while the daemon runs; ``busy_timeout`` makes them wait their turn.
 
 from __future__ import annotations
 
+import contextvars
 import sqlite3
 import time
 from collections.abc import Callable
@@ -141,6 +142,25 @@ def run_in_transaction(
     return result
 
 
+# (user pk, Idempotency-Key) of the request whose next write is its change (see Store.write).
+IDEMPOTENT_WRITE: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar(
+    "IDEMPOTENT_WRITE", default=None
+)
+
+
+def _with_mark(fn: Callable[..., T], mark: tuple[int, str]) -> Callable[..., T]:
+    def marked(conn: sqlite3.Connection, *args: object) -> T:
+        result = fn(conn, *args)
+        conn.execute(
+            "UPDATE idempotency_keys SET status = 0 WHERE user_pk = ? AND key = ?"
+            " AND status IS NULL",
+            mark,
+        )
+        return result
+
+    return marked
+
+
 class CommitSignal:
     """Wakes tasks that wait for "something was committed" (the journal's readers)."""
 
@@ -234,7 +254,15 @@ class Store:
         self._journal_listeners.append(listener)
 
     async def write(self, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(conn, *args)`` in one write transaction, off the trio loop."""
+        """Run ``fn(conn, *args)`` in one write transaction, off the trio loop.
+
+        When the calling request carries an Idempotency-Key (``IDEMPOTENT_WRITE``), the same
+        transaction marks that key as applied, so a crash before the response is recorded can
+        never let a retry apply the change twice."""
+        mark = IDEMPOTENT_WRITE.get()
+        if mark is not None:
+            IDEMPOTENT_WRITE.set(None)  # the request's one change; later writes are bookkeeping
+            fn = _with_mark(fn, mark)
         async with self._write_limiter:
             self._writer.appended = []
             try:

@@ -16,6 +16,8 @@ import attrs
 from inboxd.errors import Conflict, Unprocessable
 
 TTL_US: Final = 24 * 3600 * 1_000_000
+# status 0: the change committed (in its own transaction) but the response was not stored yet.
+APPLIED: Final = 0
 ABANDONED_US: Final = 60 * 1_000_000
 
 
@@ -39,13 +41,22 @@ def claim(
             raise Unprocessable(
                 "this Idempotency-Key was used with another request", code="idempotency_key_reused"
             )
-        if row["status"] is not None:
-            return Stored(status=row["status"], body=bytes(row["body"]))
-        if row["created_at"] > now - ABANDONED_US:
+        running = row["status"] in (None, APPLIED)
+        if running and row["created_at"] > now - ABANDONED_US:
             raise Conflict(
                 "a request with this Idempotency-Key is still running; retry in a moment",
                 code="idempotency_in_progress",
             )
+        if row["status"] == APPLIED:
+            raise Conflict(
+                "the first request with this Idempotency-Key was applied, but its response was"
+                " lost in a restart; read the current state instead of retrying",
+                code="idempotency_key_applied",
+            )
+        if row["status"] is not None:
+            return Stored(status=row["status"], body=bytes(row["body"]))
+        # A claim abandoned before it changed anything (status NULL, older than a minute):
+        # this request may run.
     conn.execute(
         "INSERT OR REPLACE INTO idempotency_keys (user_pk, key, fingerprint, created_at)"
         " VALUES (?, ?, ?, ?)",
@@ -62,7 +73,8 @@ def complete(conn: sqlite3.Connection, user_pk: int, key: str, status: int, body
 
 
 def release(conn: sqlite3.Connection, user_pk: int, key: str) -> None:
-    """Forget a claim whose request failed on the server's side, so a retry can run."""
+    """Forget a claim whose request failed on the server's side before changing anything, so
+    a retry can run."""
     conn.execute(
         "DELETE FROM idempotency_keys WHERE user_pk = ? AND key = ? AND status IS NULL",
         (user_pk, key),
