@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
+import orjson
 from quart import Response, request
 
 from inboxd import cursors
@@ -26,7 +27,7 @@ T = TypeVar("T")
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return orjson.dumps(obj)
 
 
 def json_response(

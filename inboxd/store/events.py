@@ -7,12 +7,12 @@ once; deliveries and the feed send those bytes (CONTRACT section 6).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Mapping
 from typing import Final
 
 import attrs
+import orjson
 
 from inboxd import ids
 from inboxd.store.db import Appended
@@ -54,7 +54,7 @@ def encode_envelope(
     event_id: str, type_: str, created_at: int, data: Mapping[str, object]
 ) -> bytes:
     envelope = {"id": event_id, "type": type_, "createdAt": format_us(created_at), "data": data}
-    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return orjson.dumps(envelope)
 
 
 def append(
