@@ -173,23 +173,44 @@ class SearchResult:
     messages: list[Conversation]
 
 
-# The trigram index drives each search: CROSS JOIN keeps SQLite from looping over the channel's
-# rows and probing the index once per row (seconds to minutes on a big channel).
+# The trigram index drives each search and hands its matches newest first (FTS5 walks rowids
+# backwards natively); CROSS JOIN keeps SQLite from looping over the channel's rows and probing
+# the index once per row. The caller stops reading once it has a page, so a common word costs
+# what a page costs, not what all its matches in the store cost.
 CONTACT_MATCHES_SQL: Final = (
-    "SELECT c.pk FROM conversations c WHERE c.contact_pk IN ("
-    "  SELECT ct.pk FROM contacts_fts f CROSS JOIN contacts ct ON ct.pk = f.rowid"
-    "  WHERE contacts_fts MATCH ? AND ct.channel_pk = ?)"
-    " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?"
+    "SELECT c.pk FROM contacts_fts f CROSS JOIN contacts ct ON ct.pk = f.rowid"
+    " CROSS JOIN conversations c ON c.contact_pk = ct.pk"
+    " WHERE contacts_fts MATCH ? AND ct.channel_pk = ? ORDER BY f.rowid DESC"
 )
 MESSAGE_MATCHES_SQL: Final = (
-    "SELECT c.pk FROM conversations c JOIN contacts ct ON ct.pk = c.contact_pk"
-    " WHERE c.pk IN ("
-    "  SELECT m.conversation_pk FROM messages_fts f CROSS JOIN messages m"
-    "  ON m.pk = f.rowid WHERE messages_fts MATCH ? AND m.channel_pk = ?)"
-    " AND ct.pk NOT IN ("
-    "  SELECT f2.rowid FROM contacts_fts f2 WHERE contacts_fts MATCH ?)"
-    " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?"
+    "SELECT m.conversation_pk FROM messages_fts f CROSS JOIN messages m ON m.pk = f.rowid"
+    " WHERE messages_fts MATCH ? AND m.channel_pk = ? ORDER BY f.rowid DESC"
 )
+_FETCH: Final = 256
+
+
+def _first_distinct(
+    conn: sqlite3.Connection, sql: str, params: tuple[object, ...], limit: int, skip: set[int]
+) -> list[int]:
+    """The first ``limit`` distinct conversation pks the query yields, leaving out ``skip``;
+    reads only as many rows as that takes."""
+    found: dict[int, None] = {}
+    cursor = conn.execute(sql, params)
+    while len(found) < limit:
+        rows = cursor.fetchmany(_FETCH)
+        if not rows:
+            break
+        for (pk,) in rows:
+            if pk not in skip:
+                found[pk] = None
+                if len(found) == limit:
+                    break
+    cursor.close()
+    return list(found)
+
+
+def _newest_first(rows: list[Conversation]) -> list[Conversation]:
+    return sorted(rows, key=lambda c: (c.sort_at, c.pk), reverse=True)
 
 
 def _phrase(text: str) -> str:
@@ -202,8 +223,10 @@ def search(
 ) -> SearchResult:
     """Conversations of one channel whose contact (name, phone digits) or message text matches.
 
-    A conversation found by its contact is not repeated among the message matches. Both lists are
-    newest first. Both go through trigram indexes, never a scan of the channel's rows.
+    Each list holds up to ``limit`` conversations with the most recent matches (newest contacts,
+    newest matching messages), ordered newest first by lastMessageAt. A conversation in the
+    contacts list is not repeated among the message matches. Both go through trigram indexes and
+    stop reading once they have their page, never a scan of the channel's rows.
     """
     channel = visible_channel(conn, who, channel_id)
     text = query.strip()
@@ -213,17 +236,16 @@ def search(
     digits = re.sub(r"[^0-9]", "", text)
     if _PHONE_LIKE.match(text) and len(digits) >= MIN_QUERY_LEN:
         contact_match += f" OR phone_number : {_phrase(digits)}"
-    contact_pks = [
-        r[0] for r in conn.execute(CONTACT_MATCHES_SQL, (contact_match, channel.pk, limit))
-    ]
-    # Message matches skip every contact match, not only the ones on the first page of contacts.
-    message_pks = [
-        r[0]
-        for r in conn.execute(
-            MESSAGE_MATCHES_SQL, (_phrase(text), channel.pk, contact_match, limit)
-        )
-    ]
-    return SearchResult(contacts=load(conn, contact_pks), messages=load(conn, message_pks))
+    contact_pks = _first_distinct(
+        conn, CONTACT_MATCHES_SQL, (contact_match, channel.pk), limit, set()
+    )
+    message_pks = _first_distinct(
+        conn, MESSAGE_MATCHES_SQL, (_phrase(text), channel.pk), limit, set(contact_pks)
+    )
+    return SearchResult(
+        contacts=_newest_first(load(conn, contact_pks)),
+        messages=_newest_first(load(conn, message_pks)),
+    )
 
 
 # -- counts --------------------------------------------------------------------------------------
