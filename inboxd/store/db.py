@@ -161,6 +161,21 @@ def _with_mark(fn: Callable[..., T], mark: tuple[int, str]) -> Callable[..., T]:
     return marked
 
 
+@attrs.define(eq=False)
+class _WriteRequest:
+    fn: Callable[..., Any]
+    args: tuple[object, ...]
+    taken: bool = False  # a batch has it (it will run, or has run)
+    result: Any = None
+    error: BaseException | None = None
+    appended: list[Appended] = attrs.Factory(list)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 class CommitSignal:
     """Wakes tasks that wait for "something was committed" (the journal's readers)."""
 
@@ -197,6 +212,8 @@ class Store:
         self._journal_listeners: list[Callable[[list[Appended]], None]] = []
         self._readers = [_connect(self.path, readonly=True) for _ in range(readers)]
         self._write_limiter = trio.CapacityLimiter(1)
+        self._pending: list[_WriteRequest] = []
+        self.batches = 0  # transactions committed by write(): each holds one or more writes
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
 
@@ -254,32 +271,81 @@ class Store:
         self._journal_listeners.append(listener)
 
     async def write(self, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(conn, *args)`` in one write transaction, off the trio loop.
+        """Run ``fn(conn, *args)`` as one atomic change, off the trio loop; return its result
+        once it is durable.
+
+        Group commit: writes that arrive while a commit is under way wait for it and then go
+        together into the next transaction, each inside its own savepoint (a write that raises
+        is rolled back alone and its caller gets the exception), with one fsync for all of them.
+        Nobody's result is returned before the transaction holding it has committed.
 
         When the calling request carries an Idempotency-Key (``IDEMPOTENT_WRITE``), the same
-        transaction marks that key as applied, so a crash before the response is recorded can
+        savepoint marks that key as applied, so a crash before the response is recorded can
         never let a retry apply the change twice."""
         mark = IDEMPOTENT_WRITE.get()
         if mark is not None:
             IDEMPOTENT_WRITE.set(None)  # the request's one change; later writes are bookkeeping
             fn = _with_mark(fn, mark)
-        async with self._write_limiter:
-            self._writer.appended = []
-            try:
-                if not self._offload:
-                    result = run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
+        request = _WriteRequest(fn, args)
+        self._pending.append(request)
+        try:
+            await self._write_limiter.acquire()
+        except trio.Cancelled:
+            if not request.taken:
+                self._pending.remove(request)  # never ran, and never will
+            raise
+        try:
+            if not request.taken:  # else an earlier batch carried it
+                batch, self._pending = self._pending, []
+                for r in batch:
+                    r.taken = True
+                self.batches += 1
+                try:
+                    if self._offload:
+                        await trio.to_thread.run_sync(self._run_batch, batch)
+                    else:
+                        self._run_batch(batch)
+                finally:
+                    self.commits.bump()
+                for r in batch:
+                    if r.appended:
+                        for listener in self._journal_listeners:
+                            listener(r.appended)
+        finally:
+            self._write_limiter.release()
+        return request.outcome()  # type: ignore[no-any-return]
+
+    def _run_batch(self, batch: list[_WriteRequest]) -> None:
+        """One transaction, a savepoint per write (in a worker thread, or inline on MockClock)."""
+        conn = self._writer
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for r in batch:
+                conn.appended = []
+                conn.execute("SAVEPOINT w")
+                try:
+                    r.result = r.fn(conn, *r.args)
+                except BaseException as exc:
+                    conn.execute("ROLLBACK TO w")
+                    conn.execute("RELEASE w")
+                    r.error = exc
+                    if not isinstance(exc, Exception):
+                        raise
                 else:
-                    result = await trio.to_thread.run_sync(
-                        run_in_transaction, self._writer, "BEGIN IMMEDIATE", fn, *args
-                    )
-            finally:
-                # Also after a failure: a rolled-back write wakes readers for nothing, harmlessly.
-                self.commits.bump()
-            appended, self._writer.appended = self._writer.appended, []
-            if appended:
-                for listener in self._journal_listeners:
-                    listener(appended)
-            return result
+                    conn.execute("RELEASE w")
+                    r.appended = conn.appended
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for r in batch:  # nothing of this batch is durable
+                r.appended = []
+                if r.error is None:
+                    r.error = exc
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            conn.appended = []
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` on a reader in one snapshot, off the trio loop."""

@@ -1,0 +1,120 @@
+"""The store's group commit: concurrent writes share a transaction and an fsync, yet each is
+atomic on its own, fails on its own and is acknowledged only once durable."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from inboxd.errors import Conflict
+from inboxd.store import events
+from inboxd.store.db import Appended, Store
+from tests.conftest import seed_store
+
+
+def append_event(conn: sqlite3.Connection, n: int, fail: bool) -> int:
+    seq = events.append(conn, 1, None, "test.event", {"n": n}, 1)
+    if fail:
+        raise Conflict(f"write {n} refuses", code="test")
+    return seq
+
+
+async def test_concurrent_writes_share_transactions_and_fail_alone(tmp_path: Path) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    seen: list[list[Appended]] = []
+    store.add_journal_listener(seen.append)
+    results: dict[int, int | str] = {}
+    try:
+
+        async def one(n: int) -> None:
+            try:
+                results[n] = await store.write(append_event, n, n == 7)
+            except Conflict as exc:
+                results[n] = exc.code
+
+        before = store.batches
+        async with trio.open_nursery() as nursery:
+            for n in range(40):
+                nursery.start_soon(one, n)
+        batches = store.batches - before
+        assert results[7] == "test"
+        assert all(isinstance(results[n], int) for n in range(40) if n != 7)
+        assert batches < 40  # writes that waited went together
+        stored = store.read_sync(
+            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
+        )
+        assert len(stored) == 39 and b'"n":7' not in b"".join(stored)
+        # Listeners hear each committed write once, in commit order, and never the failed one.
+        heard = [a.seq for batch in seen for a in batch]
+        assert heard == sorted(heard) and len(heard) == 39
+    finally:
+        store.close()
+
+
+async def hold_writer(store: Store, release: trio.Event, task_status: Any) -> None:
+    """Hold the store's writer (as a commit under way would) until ``release`` is set."""
+    async with store._write_limiter:
+        task_status.started()
+        await release.wait()
+
+
+async def test_a_write_cancelled_while_waiting_never_runs(tmp_path: Path) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_writer, store, release)
+            with trio.move_on_after(0.05):
+                await store.write(append_event, 1, False)
+            release.set()
+        await store.write(append_event, 2, False)  # the next batch must not carry write 1
+        bodies = store.read_sync(
+            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
+        )
+        assert len(bodies) == 1 and b'"n":2' in bodies[0]
+    finally:
+        store.close()
+
+
+async def test_a_failing_commit_fails_every_write_of_its_batch(tmp_path: Path) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+
+        def poison(conn: sqlite3.Connection) -> None:
+            # A deferred foreign-key violation: the statement passes, the COMMIT fails.
+            conn.execute("PRAGMA defer_foreign_keys = ON")
+            conn.execute(
+                "INSERT INTO users (id, account_pk, email, name, role, created_at)"
+                " VALUES ('usr_x', 999, 'x@example.com', 'X', 'OPERATOR', 1)"
+            )
+
+        errors: list[Exception] = []
+
+        async def run(fn: Any, *args: object) -> None:
+            try:
+                await store.write(fn, *args)
+            except sqlite3.Error as exc:
+                errors.append(exc)
+
+        release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_writer, store, release)
+            nursery.start_soon(run, append_event, 1, False)
+            nursery.start_soon(run, poison)
+            await trio.sleep(0.05)  # both wait for the writer: they form one batch
+            release.set()
+        assert len(errors) == 2
+        count = store.read_sync(
+            lambda c: c.execute("SELECT count(*) FROM events WHERE type = 'test.event'").fetchone()[
+                0
+            ]
+        )
+        assert count == 0
+    finally:
+        store.close()
