@@ -118,3 +118,40 @@ async def test_a_failing_commit_fails_every_write_of_its_batch(tmp_path: Path) -
         assert count == 0
     finally:
         store.close()
+
+
+async def test_key_cache_asks_again_after_any_commit_elsewhere(tmp_path: Path) -> None:
+    from inboxd.api.app import KeyCache
+    from inboxd.store import accounts
+
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    other = Store.open(seed.data_dir, readers=1)  # like the CLI in another process
+    try:
+        cache = KeyCache(store)
+        reads = 0
+        real_read = store.read
+
+        async def counting_read(fn: Any, *args: object) -> Any:
+            nonlocal reads
+            reads += 1
+            return await real_read(fn, *args)
+
+        store.read = counting_read  # type: ignore[method-assign]
+        first = await cache.lookup(seed.bob_key)
+        again = await cache.lookup(seed.bob_key)
+        assert first is not None and again == first
+        assert reads == 1  # the second lookup came from the cache
+        key_id = other.read_sync(
+            lambda c: c.execute(
+                "SELECT k.id FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE u.id = ?",
+                (seed.bob_id,),
+            ).fetchone()[0]
+        )
+        other.write_sync(accounts.revoke_key, other.read_sync(accounts.the_account_pk), key_id, 1)
+        assert await cache.lookup(seed.bob_key) is None  # revoked: asked the store again
+        assert reads == 2
+        assert await cache.lookup("ibx_unknown") is None
+    finally:
+        other.close()
+        store.close()

@@ -22,6 +22,7 @@ from quart import Response, current_app, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from inboxd import ids
 from inboxd.api.http import json_response
 from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
 from inboxd.clock import Clock, SystemClock
@@ -68,7 +69,45 @@ class AppState:
     # key pk -> last time it was used; flushed to the store by the daemon now and then, so that a
     # request does not pay for a write just to record lastUsedAt.
     key_usage: dict[int, int] = attrs.Factory(dict)
+    keys: KeyCache = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.keys = KeyCache(self.store)
+
     ready: bool = True
+
+
+class KeyCache:
+    """API key -> Principal, so that most requests make one trip to the store instead of two.
+
+    An entry is trusted only while the store's ``data_version`` is the one it was read at: any
+    commit by another connection (our own writer included, and the CLI revoking a key from
+    another process) empties the cache, so revocation still takes effect on the next request.
+    """
+
+    MAX_ENTRIES: Final = 10_000
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._version = -1
+        self._entries: dict[bytes, Principal] = {}
+
+    async def lookup(self, token: str) -> Principal | None:
+        version = self._store.data_version()
+        if version != self._version:
+            self._entries.clear()
+            self._version = version
+        digest = ids.hash_api_key(token)
+        who = self._entries.get(digest)
+        if who is not None:
+            return who
+        who = await self._store.read(accounts.authenticate, token)
+        # Keep it only if nothing committed while we were reading.
+        if who is not None and self._store.data_version() == version == self._version:
+            if len(self._entries) >= self.MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[digest] = who
+        return who
 
 
 def state() -> AppState:
@@ -95,7 +134,7 @@ async def authenticate() -> Response | None:
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
     st = state()
-    who = await st.store.read(accounts.authenticate, token)
+    who = await st.keys.lookup(token)
     if who is None:
         raise Unauthorized("the API key is unknown or revoked")
     wait = st.limiter.take(who.key_pk)

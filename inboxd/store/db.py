@@ -211,6 +211,8 @@ class Store:
         self._writer = writer
         self._journal_listeners: list[Callable[[list[Appended]], None]] = []
         self._readers = [_connect(self.path, readonly=True) for _ in range(readers)]
+        # Used only on the trio thread, only for PRAGMA data_version.
+        self._version_conn = _connect(self.path, readonly=True)
         self._write_limiter = trio.CapacityLimiter(1)
         self._pending: list[_WriteRequest] = []
         self.batches = 0  # transactions committed by write(): each holds one or more writes
@@ -246,13 +248,19 @@ class Store:
             raise StoreError(f"{db_path(data_dir)} is not a usable inboxd store: {exc}") from None
         return cls(data_dir, readers, offload)
 
+    def data_version(self) -> int:
+        """A number that changes whenever another connection (the writer, the CLI, another
+        process) commits. Reads only the WAL index in shared memory, so it is safe to call on
+        the trio thread; caches of what the store says use it to know when to ask again."""
+        return int(self._version_conn.execute("PRAGMA data_version").fetchone()[0])
+
     @property
     def offload(self) -> bool:
         """Whether blocking work runs in worker threads (False only for MockClock tests)."""
         return self._offload
 
     def close(self) -> None:
-        for conn in [self._writer, *self._readers]:
+        for conn in [self._writer, *self._readers, self._version_conn]:
             conn.close()
 
     # -- sync access (CLI, tests) --------------------------------------------------------------
