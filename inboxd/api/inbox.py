@@ -152,22 +152,22 @@ async def patch_status(conversation_id: str) -> Response:
     return _written(row)
 
 
-@blueprint.post("/conversations/<conversation_id>/block")
-async def block(conversation_id: str) -> Response:
+async def _set_blocked(conversation_id: str, blocked: bool) -> Response:
     await json_body(required=False)
     row = await state().store.write(
-        actions.set_blocked, principal(), conversation_id, True, now_us()
+        actions.set_blocked, principal(), conversation_id, blocked, now_us()
     )
     return _written(row)
+
+
+@blueprint.post("/conversations/<conversation_id>/block")
+async def block(conversation_id: str) -> Response:
+    return await _set_blocked(conversation_id, True)
 
 
 @blueprint.post("/conversations/<conversation_id>/unblock")
 async def unblock(conversation_id: str) -> Response:
-    await json_body(required=False)
-    row = await state().store.write(
-        actions.set_blocked, principal(), conversation_id, False, now_us()
-    )
-    return _written(row)
+    return await _set_blocked(conversation_id, False)
 
 
 @blueprint.patch("/conversations/<conversation_id>/title")

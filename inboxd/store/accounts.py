@@ -99,6 +99,15 @@ def channel_pks_by_id(
     return pks
 
 
+def active_user_with_email(conn: sqlite3.Connection, account_pk: int, email: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM users WHERE account_pk = ? AND email = ? COLLATE NOCASE"
+        " AND removed_at IS NULL",
+        (account_pk, email),
+    ).fetchone()
+    return row is not None
+
+
 def create_operator(
     conn: sqlite3.Connection,
     account_pk: int,
@@ -108,12 +117,7 @@ def create_operator(
     now: int,
 ) -> NewUser:
     """Add an operator with access to ``channel_ids`` and a first API key."""
-    existing = conn.execute(
-        "SELECT 1 FROM users WHERE account_pk = ? AND email = ? COLLATE NOCASE"
-        " AND removed_at IS NULL",
-        (account_pk, email),
-    ).fetchone()
-    if existing is not None:
+    if active_user_with_email(conn, account_pk, email):
         raise InvalidRequest(f"a user with email {email} already exists")
     channel_pks = channel_pks_by_id(conn, account_pk, channel_ids)
     user_id = ids.new_id("usr")

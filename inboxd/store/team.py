@@ -62,15 +62,6 @@ def _invite(row: sqlite3.Row, now: int) -> Invite:
     )
 
 
-def _active_user_with_email(conn: sqlite3.Connection, account_pk: int, email: str) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM users WHERE account_pk = ? AND email = ? COLLATE NOCASE"
-        " AND removed_at IS NULL",
-        (account_pk, email),
-    ).fetchone()
-    return row is not None
-
-
 def _owner_only(who: Principal) -> None:
     if not who.is_owner:
         raise Forbidden("only the account owner's key may manage the team")
@@ -88,7 +79,7 @@ def invite(
     _owner_only(who)
     accounts.channel_pks_by_id(conn, who.account_pk, channel_ids)
     channel_ids = list(dict.fromkeys(channel_ids))
-    if _active_user_with_email(conn, who.account_pk, email):
+    if accounts.active_user_with_email(conn, who.account_pk, email):
         raise Conflict(f"{email} is already a member of the account", code="already_member")
     token = "inv_" + ids.new_api_key().removeprefix(ids.API_KEY_PREFIX)
     invite_id = ids.new_id("inv")
@@ -178,7 +169,7 @@ def accept_invite(conn: sqlite3.Connection, token: str, name: str, now: int) -> 
         raise NotFound("the invitation does not exist, was used, revoked or has expired")
     invite_ = _invite(row, now)
     account_pk = int(row["account_pk"])
-    if _active_user_with_email(conn, account_pk, invite_.email):
+    if accounts.active_user_with_email(conn, account_pk, invite_.email):
         raise Conflict(f"{invite_.email} is already a member of the account", code="already_member")
     # Channels deleted since the invite are skipped rather than failing the acceptance.
     channel_ids = [
