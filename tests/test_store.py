@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 from inboxd.errors import Conflict
 from inboxd.store import events
@@ -154,4 +155,63 @@ async def test_key_cache_asks_again_after_any_commit_elsewhere(tmp_path: Path) -
         assert await cache.lookup("ibx_unknown") is None
     finally:
         other.close()
+        store.close()
+
+
+def count_to(conn: sqlite3.Connection, n: int) -> int:
+    """A read whose SQLite work grows with ``n`` (a recursive count, no table)."""
+    return int(
+        conn.execute(
+            "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?)"
+            " SELECT count(*) FROM c",
+            (n,),
+        ).fetchone()[0]
+    )
+
+
+async def test_short_reads_stay_on_the_loop_and_long_ones_move_to_a_thread(
+    tmp_path: Path,
+) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        assert await store.read(count_to, 10) == 10
+        assert (store.inline_reads, store.offloaded_reads) == (1, 0)
+        # Far past the inline budget: interrupted on the loop, then answered from a thread.
+        assert await store.read(count_to, 3_000_000) == 3_000_000
+        assert (store.inline_reads, store.offloaded_reads) == (1, 1)
+        # The function that overran goes straight to a thread for a while, even when short;
+        # other functions still run inline.
+        assert await store.read(count_to, 5) == 5
+        assert (store.inline_reads, store.offloaded_reads) == (1, 2)
+        assert await store.read(lambda c: c.execute("SELECT 41 + 1").fetchone()[0]) == 42
+        assert (store.inline_reads, store.offloaded_reads) == (2, 2)
+    finally:
+        store.close()
+
+
+async def test_the_loop_is_never_held_much_past_the_inline_budget(tmp_path: Path) -> None:
+    """While an expensive read runs, another task still gets the loop within a few ms."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    gaps: list[float] = []
+    try:
+
+        async def ticker(done: trio.Event) -> None:
+            last = trio.current_time()
+            while not done.is_set():
+                await trio.lowlevel.checkpoint()
+                now = trio.current_time()
+                gaps.append(now - last)
+                last = now
+
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker, done)
+            await trio.lowlevel.checkpoint()
+            assert await store.read(count_to, 3_000_000) == 3_000_000
+            done.set()
+        # The read itself takes far longer than the budget; the loop was held only for it.
+        assert max(gaps) < 0.05, max(gaps)
+    finally:
         store.close()

@@ -7,8 +7,13 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
   ``BEGIN IMMEDIATE ... COMMIT`` in a worker thread, one at a time (a ``CapacityLimiter(1)``). A state
   change, its SYSTEM message and its journal event are one call, so they commit together or not at
   all. The default ``abandon_on_cancel=False`` means a cancelled caller still lets the commit finish.
-- ``await store.read(fn, ...)`` runs ``fn`` on one of the reader connections inside a read
-  transaction (one consistent snapshot), several at a time.
+- ``await store.read(fn, ...)`` runs ``fn`` inside a read transaction (one consistent snapshot).
+  It first runs on the trio thread with a budget of ``INLINE_BUDGET_SECONDS`` of SQLite work; a
+  read that would take longer is interrupted there and run again on a reader in a worker thread
+  (with the 5 s deadline), and reads of that function go straight to a thread for a while. Why
+  not always a thread: a hop costs more than the reads the API makes (50-800 us from the page
+  cache), and worse, SQLite releases the GIL around every step, so a worker thread waits for the
+  busy trio thread once per row; measured, inline reads serve twice the requests (BENCHMARKS.md).
 
 Durability: ``synchronous=FULL`` in WAL mode fsyncs the log on every commit, so a commit that has
 returned survives a power cut (NORMAL could lose the last commits). CLI commands may write to the
@@ -38,6 +43,10 @@ BUSY_TIMEOUT_MS: Final = 10_000
 DEFAULT_READERS: Final = 4
 # The longest a read may run; every query the API makes is index-backed and takes milliseconds.
 READ_DEADLINE_SECONDS: Final = 5.0
+# The most SQLite work a read may do on the trio thread before it moves to a worker thread, and
+# how long a function that overran goes straight to a thread afterwards.
+INLINE_BUDGET_SECONDS: Final = 0.005
+INLINE_BACKOFF_SECONDS: Final = 1.0
 
 
 def db_path(data_dir: Path) -> Path:
@@ -75,6 +84,9 @@ class ReaderConnection(sqlite3.Connection):
         self.deadline = float("inf")
         self.set_progress_handler(self._past_deadline, 10_000)
 
+    def check_every(self, instructions: int) -> None:
+        self.set_progress_handler(self._past_deadline, instructions)
+
     def _past_deadline(self) -> int:
         return 1 if time.monotonic() > self.deadline else 0
 
@@ -97,6 +109,12 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     conn.execute("PRAGMA temp_store = MEMORY")
     if readonly:
         conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def _reader(path: Path) -> ReaderConnection:
+    conn = _connect(path, readonly=True)
+    assert isinstance(conn, ReaderConnection)
     return conn
 
 
@@ -126,6 +144,15 @@ def migrate(conn: sqlite3.Connection) -> int:
         )
         applied += 1
     return applied
+
+
+def _interrupted_or_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "interrupted" in text or "locked" in text or "busy" in text
+
+
+def _too_long() -> ServiceUnavailable:
+    return ServiceUnavailable("the query took too long; narrow it down", code="query_timeout")
 
 
 def run_in_transaction(
@@ -210,7 +237,16 @@ class Store:
         assert isinstance(writer, JournalConnection)
         self._writer = writer
         self._journal_listeners: list[Callable[[list[Appended]], None]] = []
-        self._readers = [_connect(self.path, readonly=True) for _ in range(readers)]
+        self._readers = [_reader(self.path) for _ in range(readers)]
+        # The reader used on the trio thread: it never waits for a lock (a busy store sends the
+        # read to a thread instead) and checks its budget often.
+        inline = _reader(self.path)
+        inline.execute("PRAGMA busy_timeout = 0")
+        inline.check_every(1_000)
+        self._inline = inline
+        self._inline_backoff: dict[Callable[..., Any], float] = {}
+        self.inline_reads = 0  # reads served on the trio thread
+        self.offloaded_reads = 0  # reads that went to a worker thread
         # Used only on the trio thread, only for PRAGMA data_version.
         self._version_conn = _connect(self.path, readonly=True)
         self._write_limiter = trio.CapacityLimiter(1)
@@ -260,7 +296,7 @@ class Store:
         return self._offload
 
     def close(self) -> None:
-        for conn in [self._writer, *self._readers, self._version_conn]:
+        for conn in [self._writer, *self._readers, self._inline, self._version_conn]:
             conn.close()
 
     # -- sync access (CLI, tests) --------------------------------------------------------------
@@ -356,24 +392,57 @@ class Store:
             conn.appended = []
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
-        """Run ``fn(conn, *args)`` on a reader in one snapshot, off the trio loop."""
+        """Run ``fn(conn, *args)`` in one snapshot: on the trio thread within the inline budget,
+        else on a reader in a worker thread (see the module's docstring)."""
+        if not self._offload:  # MockClock tests: everything on the trio thread
+            reader = self._readers[0]  # waits out a busy store, like the threads' readers
+            return self._read_on(reader, fn, args, time.monotonic() + READ_DEADLINE_SECONDS, True)
+        now = time.monotonic()
+        if self._inline_backoff.get(fn, 0.0) <= now:
+            try:
+                result = self._read_on(self._inline, fn, args, now + INLINE_BUDGET_SECONDS, False)
+            except sqlite3.OperationalError as exc:
+                if not _interrupted_or_busy(exc):
+                    raise
+                # Over budget (or a checkpoint holds the lock): let a thread do it, and send
+                # this function's reads there directly for a while.
+                self._inline_backoff[fn] = time.monotonic() + INLINE_BACKOFF_SECONDS
+            else:
+                self.inline_reads += 1
+                return result
+        self.offloaded_reads += 1
         async with self._read_limiter:
             conn = self._readers.pop()
-            assert isinstance(conn, ReaderConnection)
             conn.deadline = time.monotonic() + READ_DEADLINE_SECONDS
             try:
-                if not self._offload:
-                    return run_in_transaction(conn, "BEGIN", fn, *args)
                 return await trio.to_thread.run_sync(run_in_transaction, conn, "BEGIN", fn, *args)
             except sqlite3.OperationalError as exc:
                 if "interrupted" in str(exc):
-                    raise ServiceUnavailable(
-                        "the query took too long; narrow it down", code="query_timeout"
-                    ) from None
+                    raise _too_long() from None
                 raise
             finally:
                 conn.deadline = float("inf")
                 self._readers.append(conn)
+
+    @staticmethod
+    def _read_on(
+        conn: ReaderConnection,
+        fn: Callable[..., T],
+        args: tuple[object, ...],
+        deadline: float,
+        final: bool,
+    ) -> T:
+        """Run the read on the trio thread; past ``deadline`` SQLite interrupts it, which is
+        the caller's timeout when ``final``, else a signal to use a thread."""
+        conn.deadline = deadline
+        try:
+            return run_in_transaction(conn, "BEGIN", fn, *args)
+        except sqlite3.OperationalError as exc:
+            if final and "interrupted" in str(exc):
+                raise _too_long() from None
+            raise
+        finally:
+            conn.deadline = float("inf")
 
     def backup_to(self, target: Path, progress: Callable[[int, int], None] | None = None) -> None:
         """A consistent online copy of the store (SQLite's backup API), safe while serving."""
