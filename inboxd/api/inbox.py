@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 from quart import Blueprint, Response
 
 from inboxd import cursors, wire
@@ -47,16 +48,16 @@ async def list_conversations() -> Response:
         tab=arg_choice("tab", conversations.TABS, default="all") or "all",
         assignee_id=arg_str("assigneeId"),
     )
-    page = await state().store.read(conversations.list_page, principal(), query)
-    last = page.rows[-1] if page.rows else None
+    page = await state().store.read(conversations.list_page_json, principal(), query)
+    last = page.rows.last
     return json_response(
         {
-            "data": [wire.conversation(c, with_contact=True) for c in page.rows],
+            "data": orjson.Fragment(page.rows.json),
             "pagination": {
                 "hasMore": page.has_more,
                 # The spec types nextCursor as a date-time: on the last page it is still the last
                 # row's cursor (which leads to an empty page); null only when the page is empty.
-                "nextCursor": None if last is None else cursors.encode(last.sort_at, last.pk),
+                "nextCursor": None if last is None else cursors.encode(*last),
                 "limit": query.limit,
             },
         }
@@ -76,8 +77,8 @@ async def search_conversations() -> Response:
     result = await state().store.read(conversations.search, principal(), channel_id, query, limit)
     return json_response(
         {
-            "contacts": [wire.conversation(c, with_contact=True) for c in result.contacts],
-            "messages": [wire.conversation(c, with_contact=True) for c in result.messages],
+            "contacts": orjson.Fragment(result.contacts.json),
+            "messages": orjson.Fragment(result.messages.json),
         }
     )
 

@@ -1,0 +1,139 @@
+"""The conversation JSON that SQLite builds for list pages and search (conversations.load_json)
+is exactly what wire.conversation builds from the model, for any stored values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inboxd import wire
+from inboxd.store import accounts, conversations, messages
+from inboxd.store.db import Store
+from inboxd.timeutil import MAX_US
+from tests.conftest import Seed, seed_store
+
+# Any text the store can hold: every code point but surrogates (CONTRACT section 3 rejects them).
+text = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+maybe_text = st.none() | text
+instant = st.integers(min_value=0, max_value=MAX_US)
+
+
+def _open() -> tuple[Store, Seed, str]:
+    """One store for every example (seeding a store per example is slow); each example
+    overwrites the same conversation."""
+    tmp = tempfile.mkdtemp(prefix="inboxd-wire-")
+    seed = seed_store(Path(tmp) / "data")
+    store = Store.open(seed.data_dir, readers=1)
+    who = store.read_sync(accounts.authenticate, seed.owner_key)
+    assert who is not None
+    new = messages.NewMessage(
+        channel_id=seed.sales_id,
+        direction="INBOUND",
+        phone_number="4915100000",
+        contact_name="x",
+        contact_avatar=None,
+        type="TEXT",
+        content="hello",
+    )
+    conv_id = store.write_sync(messages.ingest, who, new, 1).message.conversation_id
+    return store, seed, conv_id
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _store() -> Iterator[None]:
+    global _STORE
+    _STORE = _open()
+    yield
+    _STORE[0].close()
+    shutil.rmtree(_STORE[0].data_dir.parent, ignore_errors=True)
+
+
+_STORE: tuple[Store, Seed, str]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    contact_name=text,
+    contact_avatar=text,
+    phone=st.text("0123456789+", min_size=1, max_size=16),
+    title=maybe_text,
+    tags=st.lists(text, max_size=3),
+    preview=maybe_text,
+    kinds=st.tuples(maybe_text, maybe_text, maybe_text),
+    unread=st.integers(min_value=0, max_value=2**40),
+    blocked=st.booleans(),
+    assignee=st.none() | st.tuples(text, maybe_text),
+    times=st.tuples(st.none() | instant, st.none() | instant, instant, instant, instant),
+)
+def test_sql_json_matches_the_wire_module(
+    contact_name: str,
+    contact_avatar: str,
+    phone: str,
+    title: str | None,
+    tags: list[str],
+    preview: str | None,
+    kinds: tuple[str | None, str | None, str | None],
+    unread: int,
+    blocked: bool,
+    assignee: tuple[str, str | None] | None,
+    times: tuple[int | None, int | None, int, int, int],
+) -> None:
+    store, seed, conv_id = _STORE
+    last_at, customer_at, sort_at, created_at, updated_at = times
+
+    def arrange(conn: sqlite3.Connection) -> int:
+        pk, contact_pk = conn.execute(
+            "SELECT pk, contact_pk FROM conversations WHERE id = ?", (conv_id,)
+        ).fetchone()
+        conn.execute(
+            "UPDATE contacts SET name = ?, avatar = ?, phone_number = ? WHERE pk = ?",
+            (contact_name, contact_avatar, phone, contact_pk),
+        )
+        user_pk = None
+        if assignee is not None:
+            user_pk = conn.execute("SELECT pk FROM users WHERE id = ?", (seed.ann_id,)).fetchone()[
+                0
+            ]
+            conn.execute(
+                "UPDATE users SET name = ?, avatar = ? WHERE pk = ?",
+                (*assignee, user_pk),
+            )
+        conn.execute(
+            "UPDATE conversations SET title = ?, tags = ?, last_message_preview = ?,"
+            " last_message_type = ?, last_message_direction = ?,"
+            " last_message_status = ?, unread_count = ?, is_blocked = ?,"
+            " assigned_to_pk = ?, last_message_at = ?, last_customer_message_at = ?,"
+            " sort_at = ?, created_at = ?, updated_at = ? WHERE pk = ?",
+            (
+                title,
+                json.dumps(tags),
+                preview,
+                *kinds,
+                unread,
+                int(blocked),
+                user_pk,
+                last_at,
+                customer_at,
+                sort_at,
+                created_at,
+                updated_at,
+                pk,
+            ),
+        )
+        return int(pk)
+
+    pk = store.write_sync(arrange)
+    from_sql = store.read_sync(lambda c: conversations.load_json(c, [pk], newest_first=False))
+    from_model = store.read_sync(conversations.load, [pk])
+    assert json.loads(from_sql.json) == [
+        wire.conversation(c, with_contact=True) for c in from_model
+    ]
+    assert from_sql.last == (sort_at, pk)
