@@ -121,7 +121,7 @@ async def test_a_failing_commit_fails_every_write_of_its_batch(tmp_path: Path) -
         store.close()
 
 
-async def test_key_cache_asks_again_after_any_commit_elsewhere(tmp_path: Path) -> None:
+async def test_key_cache_survives_other_commits_and_sees_access_changes(tmp_path: Path) -> None:
     from inboxd.api.app import KeyCache
     from inboxd.store import accounts
 
@@ -130,19 +130,36 @@ async def test_key_cache_asks_again_after_any_commit_elsewhere(tmp_path: Path) -
     other = Store.open(seed.data_dir, readers=1)  # like the CLI in another process
     try:
         cache = KeyCache(store)
-        reads = 0
+        lookups = 0
         real_read = store.read
 
         async def counting_read(fn: Any, *args: object) -> Any:
-            nonlocal reads
-            reads += 1
+            nonlocal lookups
+            lookups += fn is accounts.authenticate
             return await real_read(fn, *args)
 
         store.read = counting_read  # type: ignore[method-assign]
         first = await cache.lookup(seed.bob_key)
         again = await cache.lookup(seed.bob_key)
         assert first is not None and again == first
-        assert reads == 1  # the second lookup came from the cache
+        assert lookups == 1  # the second lookup came from the cache
+        # A commit that touches no key, user or access (here: an event) keeps the cache.
+        other.write_sync(append_event, 1, False)
+        assert await cache.lookup(seed.bob_key) == first
+        assert lookups == 1
+        # Channel access changes from another process: the principal is read again.
+        ann = await cache.lookup(seed.ann_key)
+        assert ann is not None and ann.channel_pks is not None and len(ann.channel_pks) == 2
+        other.write_sync(
+            lambda c: c.execute(
+                "DELETE FROM channel_access WHERE user_pk = (SELECT pk FROM users WHERE id = ?)"
+                " AND channel_pk = (SELECT pk FROM channels WHERE id = ?)",
+                (seed.ann_id, seed.support_id),
+            )
+        )
+        ann_now = await cache.lookup(seed.ann_key)
+        assert ann_now is not None and ann_now.channel_pks is not None
+        assert len(ann_now.channel_pks) == 1 and lookups == 3
         key_id = other.read_sync(
             lambda c: c.execute(
                 "SELECT k.id FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE u.id = ?",
@@ -151,7 +168,7 @@ async def test_key_cache_asks_again_after_any_commit_elsewhere(tmp_path: Path) -
         )
         other.write_sync(accounts.revoke_key, other.read_sync(accounts.the_account_pk), key_id, 1)
         assert await cache.lookup(seed.bob_key) is None  # revoked: asked the store again
-        assert reads == 2
+        assert lookups == 4
         assert await cache.lookup("ibx_unknown") is None
     finally:
         other.close()

@@ -80,9 +80,12 @@ class AppState:
 class KeyCache:
     """API key -> Principal, so that most requests make one trip to the store instead of two.
 
-    An entry is trusted only while the store's ``data_version`` is the one it was read at: any
-    commit by another connection (our own writer included, and the CLI revoking a key from
-    another process) empties the cache, so revocation still takes effect on the next request.
+    Entries are trusted while nothing that principals are made of has changed: on each lookup
+    the store's ``data_version`` (from shared memory, no query) says whether any connection has
+    committed since the last look (our own writer, or the CLI revoking a key from another
+    process); only then is the ``auth_epoch`` counter read, which triggers move whenever a key,
+    a user's role or membership, or channel access changes. So revocation takes effect on the
+    next request, and the thousands of other commits (messages, actions) keep the cache warm.
     """
 
     MAX_ENTRIES: Final = 10_000
@@ -90,20 +93,28 @@ class KeyCache:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._version = -1
+        self._epoch = -1
         self._entries: dict[bytes, Principal] = {}
 
-    async def lookup(self, token: str) -> Principal | None:
+    async def _current_epoch(self) -> int:
         version = self._store.data_version()
         if version != self._version:
-            self._entries.clear()
+            epoch = await self._store.read(accounts.auth_epoch)
+            if epoch != self._epoch:
+                self._entries.clear()
+                self._epoch = epoch
             self._version = version
+        return self._epoch
+
+    async def lookup(self, token: str) -> Principal | None:
+        epoch = await self._current_epoch()
         digest = ids.hash_api_key(token)
         who = self._entries.get(digest)
         if who is not None:
             return who
         who = await self._store.read(accounts.authenticate, token)
-        # Keep it only if nothing committed while we were reading.
-        if who is not None and self._store.data_version() == version == self._version:
+        # Keep it only if nothing it depends on changed while we were reading.
+        if who is not None and await self._current_epoch() == epoch:
             if len(self._entries) >= self.MAX_ENTRIES:
                 self._entries.clear()
             self._entries[digest] = who

@@ -193,6 +193,11 @@ def authenticate(conn: sqlite3.Connection, api_key: str) -> Principal | None:
     return _principal(conn, row)
 
 
+def auth_epoch(conn: sqlite3.Connection) -> int:
+    """Moves whenever a key's principal may have changed (schema v6 triggers)."""
+    return int(conn.execute("SELECT n FROM auth_epoch").fetchone()[0])
+
+
 def principal_of_key(conn: sqlite3.Connection, key_pk: int) -> Principal | None:
     """A key's principal as it is now (None once revoked or its user removed): the feed asks
     again when access may have changed."""

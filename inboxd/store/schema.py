@@ -381,4 +381,26 @@ CREATE INDEX conversations_channel_unassigned_sort
     ON conversations(channel_pk, status, sort_at, pk) WHERE assigned_to_pk IS NULL;
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5)
+_V6: Final = """
+-- A counter that moves whenever anything a key's principal is made of changes (a key revoked, a
+-- user's role or membership, channel access). The daemon caches principals per key and asks this
+-- one row, not every key, when something has committed (api/app.py KeyCache).
+CREATE TABLE auth_epoch (only INTEGER PRIMARY KEY CHECK (only = 1), n INTEGER NOT NULL);
+INSERT INTO auth_epoch VALUES (1, 0);
+CREATE TRIGGER auth_epoch_key_update AFTER UPDATE OF revoked_at, user_pk, hash, account_pk
+    ON api_keys BEGIN UPDATE auth_epoch SET n = n + 1; END;
+CREATE TRIGGER auth_epoch_key_delete AFTER DELETE ON api_keys
+    BEGIN UPDATE auth_epoch SET n = n + 1; END;
+CREATE TRIGGER auth_epoch_user_update AFTER UPDATE OF id, role, removed_at, account_pk ON users
+    BEGIN UPDATE auth_epoch SET n = n + 1; END;
+CREATE TRIGGER auth_epoch_user_delete AFTER DELETE ON users
+    BEGIN UPDATE auth_epoch SET n = n + 1; END;
+CREATE TRIGGER auth_epoch_access_insert AFTER INSERT ON channel_access
+    BEGIN UPDATE auth_epoch SET n = n + 1; END;
+CREATE TRIGGER auth_epoch_access_update AFTER UPDATE ON channel_access
+    BEGIN UPDATE auth_epoch SET n = n + 1; END;
+CREATE TRIGGER auth_epoch_access_delete AFTER DELETE ON channel_access
+    BEGIN UPDATE auth_epoch SET n = n + 1; END;
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6)
