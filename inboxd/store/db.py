@@ -8,8 +8,9 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
   change, its SYSTEM message and its journal event are one call, so they commit together or not at
   all. The default ``abandon_on_cancel=False`` means a cancelled caller still lets the commit finish.
 - ``await store.read(fn, ...)`` runs ``fn`` inside a read transaction (one consistent snapshot).
-  It first runs on the trio thread with a budget of ``INLINE_BUDGET_SECONDS`` of SQLite work; a
-  read that would take longer is interrupted there and run again on a reader in a worker thread
+  It first runs on the trio thread with a budget: ``INLINE_CPU_SECONDS`` of the thread's CPU time
+  (work) or ``INLINE_WALL_SECONDS`` of wall time (waiting on disk, or preempted), whichever comes
+  first. A read that overruns is interrupted there and run again on a reader in a worker thread
   (with the 5 s deadline), and reads of that function go straight to a thread for a while. Why
   not always a thread: a hop costs more than the reads the API makes (50-800 us from the page
   cache), and worse, SQLite releases the GIL around every step, so a worker thread waits for the
@@ -43,9 +44,11 @@ BUSY_TIMEOUT_MS: Final = 10_000
 DEFAULT_READERS: Final = 4
 # The longest a read may run; every query the API makes is index-backed and takes milliseconds.
 READ_DEADLINE_SECONDS: Final = 5.0
-# The most SQLite work a read may do on the trio thread before it moves to a worker thread, and
-# how long a function that overran goes straight to a thread afterwards.
-INLINE_BUDGET_SECONDS: Final = 0.005
+# The most a read may hold the trio thread before it moves to a worker thread: CPU time (the
+# thread's own work; a busy machine preempting us does not count) and wall time (time spent
+# waiting for the disk does). Then how long a function that overran goes straight to a thread.
+INLINE_CPU_SECONDS: Final = 0.005
+INLINE_WALL_SECONDS: Final = 0.025
 INLINE_BACKOFF_SECONDS: Final = 1.0
 
 
@@ -81,14 +84,16 @@ class ReaderConnection(sqlite3.Connection):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.deadline = float("inf")
+        self.deadline = float("inf")  # time.monotonic()
+        self.cpu_deadline = float("inf")  # time.thread_time() of the thread running the read
         self.set_progress_handler(self._past_deadline, 10_000)
 
-    def check_every(self, instructions: int) -> None:
-        self.set_progress_handler(self._past_deadline, instructions)
-
     def _past_deadline(self) -> int:
-        return 1 if time.monotonic() > self.deadline else 0
+        if time.monotonic() > self.deadline:
+            return 1
+        return (
+            1 if self.cpu_deadline != float("inf") and time.thread_time() > self.cpu_deadline else 0
+        )
 
 
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
@@ -242,7 +247,6 @@ class Store:
         # read to a thread instead) and checks its budget often.
         inline = _reader(self.path)
         inline.execute("PRAGMA busy_timeout = 0")
-        inline.check_every(1_000)
         self._inline = inline
         self._inline_backoff: dict[Callable[..., Any], float] = {}
         self.inline_reads = 0  # reads served on the trio thread
@@ -400,7 +404,8 @@ class Store:
         now = time.monotonic()
         if self._inline_backoff.get(fn, 0.0) <= now:
             try:
-                result = self._read_on(self._inline, fn, args, now + INLINE_BUDGET_SECONDS, False)
+                self._inline.cpu_deadline = time.thread_time() + INLINE_CPU_SECONDS
+                result = self._read_on(self._inline, fn, args, now + INLINE_WALL_SECONDS, False)
             except sqlite3.OperationalError as exc:
                 if not _interrupted_or_busy(exc):
                     raise
@@ -410,6 +415,8 @@ class Store:
             else:
                 self.inline_reads += 1
                 return result
+            finally:
+                self._inline.cpu_deadline = float("inf")
         self.offloaded_reads += 1
         async with self._read_limiter:
             conn = self._readers.pop()
