@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import httpx
@@ -248,6 +249,30 @@ async def test_counters_match_a_full_recount(
         )
     )
     assert kept == recount
+    totals = store.read_sync(
+        lambda c: sorted(
+            tuple(r) for r in c.execute("SELECT * FROM channel_conversation_totals WHERE n > 0")
+        )
+    )
+    per_channel = store.read_sync(
+        lambda c: sorted(
+            tuple(r) for r in c.execute("SELECT channel_pk, count(*) FROM conversations GROUP BY 1")
+        )
+    )
+    assert totals == per_channel and sum(n for _, n in totals) == 30
+    # A store from before the totals existed gets them from its counters when it migrates.
+    old = sqlite3.connect(store.path, isolation_level=None)
+    old.executescript(
+        "BEGIN IMMEDIATE; DROP TRIGGER conversations_total_insert;"
+        " DROP TRIGGER conversations_total_move; DROP TRIGGER conversations_total_delete;"
+        " DROP TABLE channel_conversation_totals; PRAGMA user_version = 6; COMMIT;"
+    )
+    old.close()
+    Store.open(seeded.data_dir).close()
+    migrated = store.read_sync(
+        lambda c: sorted(tuple(r) for r in c.execute("SELECT * FROM channel_conversation_totals"))
+    )
+    assert migrated == per_channel
 
 
 async def test_read_one_has_contact_assignee_channel_type_and_phone(

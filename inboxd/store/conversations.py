@@ -352,13 +352,16 @@ def counts(conn: sqlite3.Connection, who: Principal, channel_id: str | None) -> 
     if not channel_pks:
         return Counts(mine_open=0, unassigned=0, all=0)
     marks = ",".join("?" * len(channel_pks))
+    # One point lookup per channel for each figure (see schema v7 for the totals).
     row = conn.execute(
         "SELECT"
-        "  coalesce(sum(CASE WHEN status = ? AND assignee_pk = ? THEN n END), 0),"
-        "  coalesce(sum(CASE WHEN status = ? AND assignee_pk = 0 THEN n END), 0),"
-        "  coalesce(sum(n), 0)"
-        f" FROM conversation_counts WHERE channel_pk IN ({marks})",
-        [OPEN, who.user_pk, OPEN, *channel_pks],
+        " (SELECT coalesce(sum(n), 0) FROM conversation_counts"
+        f"   WHERE channel_pk IN ({marks}) AND status = ? AND assignee_pk = ?),"
+        " (SELECT coalesce(sum(n), 0) FROM conversation_counts"
+        f"   WHERE channel_pk IN ({marks}) AND status = ? AND assignee_pk = 0),"
+        " (SELECT coalesce(sum(n), 0) FROM channel_conversation_totals"
+        f"   WHERE channel_pk IN ({marks}))",
+        [*channel_pks, OPEN, who.user_pk, *channel_pks, OPEN, *channel_pks],
     ).fetchone()
     return Counts(mine_open=row[0], unassigned=row[1], all=row[2])
 

@@ -403,4 +403,28 @@ CREATE TRIGGER auth_epoch_access_delete AFTER DELETE ON channel_access
     BEGIN UPDATE auth_epoch SET n = n + 1; END;
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6)
+_V7: Final = """
+-- Conversations per channel, so that the "all" count is one row per channel instead of a sum
+-- over every (status, assignee) pair; mine_open and unassigned are point lookups already.
+CREATE TABLE channel_conversation_totals (
+    channel_pk  INTEGER PRIMARY KEY,
+    n           INTEGER NOT NULL
+);
+INSERT INTO channel_conversation_totals
+    SELECT channel_pk, sum(n) FROM conversation_counts GROUP BY channel_pk;
+CREATE TRIGGER conversations_total_insert AFTER INSERT ON conversations BEGIN
+    INSERT INTO channel_conversation_totals VALUES (new.channel_pk, 1)
+        ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER conversations_total_move AFTER UPDATE OF channel_pk ON conversations
+WHEN old.channel_pk IS NOT new.channel_pk BEGIN
+    UPDATE channel_conversation_totals SET n = n - 1 WHERE channel_pk = old.channel_pk;
+    INSERT INTO channel_conversation_totals VALUES (new.channel_pk, 1)
+        ON CONFLICT DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER conversations_total_delete AFTER DELETE ON conversations BEGIN
+    UPDATE channel_conversation_totals SET n = n - 1 WHERE channel_pk = old.channel_pk;
+END;
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
