@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import feed, generate, http, supervisors
+from bench import delivery, feed, generate, http, supervisors
 
 BENCHMARKS = {
+    "delivery": delivery,
     "feed": feed,
     "generate": generate,
     "http": http,

@@ -1,0 +1,291 @@
+"""Inbox webhook delivery: signed events per second to a local HTTPS receiver, and the time from
+a change to its receipt when idle, beside what a bare client reaches against the same receiver.
+
+- Throughput: the store gets a backlog of ``--events`` deliverable events (title changes, each one
+  ``inbox.conversation.title_changed``) while the daemon is stopped, with the webhook already
+  saved; then the daemon starts and the figure is how fast the receiver sees the backlog arrive,
+  first to last (each one signed, sent over HTTPS, and recorded as delivered in the store).
+- Idle latency: one title change at a time through the API, timed from sending the request (and
+  from its response, which comes after the commit) until the receiver has the event.
+- Ceiling: a bare httpx client in its own process posting the same signed bodies one at a time to
+  the same receiver (no store): what one sequential HTTPS sender can do here.
+
+The receiver runs in this process (hypercorn, trio, a trustme certificate) and checks every
+signature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+import trustme
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from bench.common import report
+from bench.feed import ROOT, build_store, free_port, pct, start, wait_http
+
+Scope = dict[str, Any]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--events", type=int, default=3000, help="backlog delivered (3000)")
+    p.add_argument("--rounds", type=int, default=200, help="idle changes timed (200)")
+
+
+class Receiver:
+    """Records when each event id arrives; answers 200 to a good signature, 401 otherwise."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret.encode()
+        self.arrivals: dict[str, float] = {}
+        self.titles: dict[str, float] = {}
+        self.bad_signatures = 0
+        self.changed = trio.Event()
+
+    async def app(
+        self,
+        scope: Scope,
+        receive: Callable[[], Awaitable[dict[str, Any]]],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        at = time.perf_counter()
+        headers = dict(scope["headers"])
+        expected = "sha256=" + hmac.new(self.secret, body, hashlib.sha256).hexdigest()
+        ok = hmac.compare_digest(headers.get(b"x-svc-signature", b"").decode(), expected)
+        if ok:
+            event = json.loads(body)
+            self.arrivals.setdefault(event["id"], at)
+            title = event["data"].get("title")
+            if title is not None:
+                self.titles.setdefault(title, at)
+            self.changed.set()
+            self.changed = trio.Event()
+        else:
+            self.bad_signatures += 1
+        await send({"type": "http.response.start", "status": 200 if ok else 401, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def make_certs(directory: Path) -> tuple[Path, Path, Path]:
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    ca_file, cert_file, key_file = (
+        directory / "ca.pem",
+        directory / "cert.pem",
+        directory / "key.pem",
+    )
+    ca.cert_pem.write_to_path(str(ca_file))
+    server.cert_chain_pems[0].write_to_path(str(cert_file))
+    server.private_key_pem.write_to_path(str(key_file))
+    return ca_file, cert_file, key_file
+
+
+def prepare(data: Path, receiver_url: str, events: int) -> tuple[str, str, str, str]:
+    """A store with the webhook saved and ``events`` deliverable events waiting."""
+    from inboxd.store import accounts, actions, webhooks
+    from inboxd.store.db import Store
+    from inboxd.timeutil import now_us
+
+    key, conv, channel_id = build_store(data)
+    store = Store.open(data, readers=1)
+    try:
+        who = store.read_sync(accounts.authenticate, key)
+        assert who is not None
+        saved = store.write_sync(webhooks.put, who.account_pk, receiver_url, now_us())
+        assert saved.secret is not None
+
+        def backlog(conn: Any) -> None:
+            for i in range(events):
+                actions.rename(conn, who, conv, f"backlog {i}", now_us())
+
+        store.write_sync(backlog)
+    finally:
+        store.close()
+    return key, conv, channel_id, saved.secret
+
+
+def ceiling_client(url: str, ca_file: str, secret: str, count: int) -> None:
+    """``python -m bench.delivery URL CA SECRET COUNT``: sequential signed POSTs, print the rate."""
+    body = json.dumps(
+        {
+            "id": "evt_ceiling",
+            "type": "inbox.conversation.title_changed",
+            "createdAt": "2026-11-22T00:00:00.000000Z",
+            "data": {"conversationId": "conv_x", "channelId": "ch_x", "title": "x" * 20},
+        }
+    ).encode()
+
+    async def main() -> float:
+        async with httpx.AsyncClient(verify=ca_file, timeout=30) as client:
+            started = time.perf_counter()
+            for i in range(count):
+                signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+                response = await client.post(
+                    url,
+                    content=body,
+                    headers={
+                        "Content-Type": "application/json",
+                        "X-Svc-Event": "inbox.conversation.title_changed",
+                        "X-Svc-Delivery": f"dlv_{i}",
+                        "X-Svc-Signature": signature,
+                    },
+                )
+                assert response.status_code == 200
+            return count / (time.perf_counter() - started)
+
+    print(trio.run(main))
+
+
+def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        ca_file, cert_file, key_file = make_certs(Path(tmp))
+        rport = free_port()
+        receiver_url = f"https://127.0.0.1:{rport}/hook"
+        data = Path(tmp) / "data"
+        key, conv, _, secret = prepare(data, receiver_url, args.events)
+        receiver = Receiver(secret)
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        figures: dict[str, Any] = {}
+
+        async def main() -> None:
+            config = HyperConfig()
+            config.bind = [f"127.0.0.1:{rport}"]
+            config.certfile, config.keyfile = str(cert_file), str(key_file)
+            config.accesslog = None
+            config.errorlog = None
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve, receiver.app, config)  # type: ignore[arg-type]
+                # The backlog: from the first receipt to the last.
+                daemon = start(
+                    ["-m", "inboxd", "serve", "--data", str(data), "--bind", f"127.0.0.1:{port}"],
+                    {
+                        "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
+                        "INBOXD_LOG_LEVEL": "warning",
+                        "INBOXD_WEBHOOKS_CA_FILE": str(ca_file),
+                        "INBOXD_WEBHOOKS_ALLOW_PRIVATE_HOSTS": "true",
+                    },
+                )
+                try:
+                    with trio.fail_after(600):
+                        while len(receiver.arrivals) < args.events:
+                            await receiver.changed.wait()
+                    times = sorted(receiver.arrivals.values())
+                    figures["backlog_per_s"] = (len(times) - 1) / (times[-1] - times[0])
+                    await trio.to_thread.run_sync(wait_http, f"{base}/readyz")
+                    figures.update(await idle_latency(base, key, conv, receiver, args.rounds))
+                finally:
+                    daemon.terminate()
+                    await trio.to_thread.run_sync(daemon.wait, 15)
+                # The ceiling: a bare sequential client in its own process, same receiver.
+                out = await trio.run_process(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.delivery",
+                        receiver_url,
+                        str(ca_file),
+                        secret,
+                        str(args.events),
+                    ],
+                    cwd=ROOT,
+                    capture_stdout=True,
+                )
+                figures["ceiling_per_s"] = float(out.stdout.decode().strip())
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+        figures["bad_signatures"] = receiver.bad_signatures
+
+    def ms(v: float) -> str:
+        return f"{v * 1000:.1f} ms"
+
+    rate, ceiling = figures["backlog_per_s"], figures["ceiling_per_s"]
+    req, resp = figures["from_request"], figures["from_response"]
+    rows = [
+        ("figure", "inboxd", "beside it"),
+        (
+            f"deliveries/s (backlog of {args.events:,})",
+            f"{rate:,.0f}",
+            f"bare sequential client {ceiling:,.0f}/s: {rate / ceiling:.0%}; target >= 500/s",
+        ),
+        (
+            "request -> receipt p50, idle",
+            ms(pct(req, 0.5)),
+            f"{args.rounds} changes, one at a time",
+        ),
+        ("request -> receipt p99, idle", ms(pct(req, 0.99)), "target < 50 ms"),
+        ("response -> receipt p50 / p99", f"{ms(pct(resp, 0.5))} / {ms(pct(resp, 0.99))}", ""),
+        ("bad signatures", str(figures["bad_signatures"]), "must be 0"),
+    ]
+    report(
+        "delivery",
+        rows,
+        {
+            "args": vars(args),
+            "figures": {
+                "backlog_per_s": rate,
+                "ceiling_per_s": ceiling,
+                "request_to_receipt": {"p50": pct(req, 0.5), "p99": pct(req, 0.99)},
+                "response_to_receipt": {"p50": pct(resp, 0.5), "p99": pct(resp, 0.99)},
+                "bad_signatures": figures["bad_signatures"],
+            },
+        },
+    )
+    return 0 if figures["bad_signatures"] == 0 else 1
+
+
+async def idle_latency(
+    base: str, key: str, conv: str, receiver: Receiver, rounds: int
+) -> dict[str, list[float]]:
+    from_request: list[float] = []
+    from_response: list[float] = []
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as api:
+        for i in range(rounds):
+            title = f"idle {i} {time.time_ns()}"
+            t0 = time.perf_counter()
+            response = await api.patch(
+                f"/api/v1/inbox/conversations/{conv}/title", json={"title": title}
+            )
+            t1 = time.perf_counter()
+            assert response.status_code == 200, response.text
+            with trio.fail_after(30):
+                while title not in receiver.titles:
+                    await receiver.changed.wait()
+            at = receiver.titles[title]
+            from_request.append(at - t0)
+            from_response.append(at - t1)
+            await trio.sleep(0.02)
+    return {"from_request": from_request, "from_response": from_response}
+
+
+if __name__ == "__main__":
+    ceiling_client(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
