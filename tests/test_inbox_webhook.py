@@ -168,6 +168,44 @@ async def test_every_change_is_delivered_signed_in_commit_order(
     assert status["lastDeliveryAt"] is not None
 
 
+async def test_a_burst_is_delivered_once_each_in_order_and_fully_recorded(
+    owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver, store: Store
+) -> None:
+    """Records of finished deliveries are written while the next POST is out; the deliverer's
+    own cursor must neither skip nor repeat an event, and the stored one catches up."""
+    await save(owner, receiver.url)
+    conv = await new_conversation(owner, seeded)
+
+    async def rename(i: int) -> None:
+        response = await owner.patch(f"{CONV}/{conv}/title", json={"title": f"burst {i}"})
+        assert response.status_code == 200
+
+    async with trio.open_nursery() as nursery:  # concurrent writes share commits
+        for i in range(40):
+            nursery.start_soon(rename, i)
+    got = await receiver.wait_for(40, within=30)
+    with trio.move_on_after(0.3):
+        await receiver.wait_for(41)
+    assert len(receiver.requests) == 40
+    seqs = store.read_sync(
+        lambda c: [
+            r[0]
+            for r in c.execute(
+                "SELECT id FROM events WHERE type = 'inbox.conversation.title_changed' ORDER BY seq"
+            )
+        ]
+    )
+    assert [json.loads(r.body)["id"] for r in got] == seqs
+    assert await recorded_outcomes(owner, 40) == ["delivered"] * 40
+    stored, last = store.read_sync(
+        lambda c: c.execute(
+            "SELECT (SELECT delivered_seq FROM inbox_webhooks), (SELECT max(seq) FROM events"
+            " WHERE type = 'inbox.conversation.title_changed')"
+        ).fetchone()
+    )
+    assert stored == last
+
+
 async def test_messages_and_read_are_not_sent_to_the_inbox_webhook(
     owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver
 ) -> None:

@@ -102,6 +102,7 @@ def account_pks(conn: sqlite3.Connection) -> list[int]:
 class Work:
     event: JournalEvent
     redelivery_pk: int | None
+    hook: InboxWebhook  # as it was when the work was picked (the first attempt uses it)
 
 
 def _event(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> JournalEvent | None:
@@ -109,18 +110,19 @@ def _event(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> 
     return None if row is None else journal_event(row)
 
 
-def next_work(conn: sqlite3.Connection, account_pk: int) -> Work | None:
-    """The next event to deliver: journal order first, then queued redeliveries."""
+def next_work(conn: sqlite3.Connection, account_pk: int, after: int = 0) -> Work | None:
+    """The next event to deliver: journal order first, then queued redeliveries. ``after`` is the
+    deliverer's own cursor, ahead of the stored one while its last record is being written."""
     hook = get(conn, account_pk)
     if hook is None:
         return None
     event = _event(
         conn,
         f"account_pk = ? AND seq > ? AND {WEBHOOK_TYPES_SQL} ORDER BY seq LIMIT 1",
-        (account_pk, hook.delivered_seq),
+        (account_pk, max(hook.delivered_seq, after)),
     )
     if event is not None:
-        return Work(event=event, redelivery_pk=None)
+        return Work(event=event, redelivery_pk=None, hook=hook)
     row = conn.execute(
         "SELECT pk, event_seq FROM webhook_redeliveries WHERE account_pk = ? ORDER BY pk LIMIT 1",
         (account_pk,),
@@ -129,7 +131,7 @@ def next_work(conn: sqlite3.Connection, account_pk: int) -> Work | None:
         return None
     event = _event(conn, "seq = ?", (row["event_seq"],))
     assert event is not None
-    return Work(event=event, redelivery_pk=row["pk"])
+    return Work(event=event, redelivery_pk=row["pk"], hook=hook)
 
 
 @attrs.frozen
