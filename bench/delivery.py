@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import hmac
 import json
-import subprocess
 import sys
 import tempfile
 import time

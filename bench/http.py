@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
         ("search (largest channel)", [f"/api/v1/inbox/conversations/search?channelId={ch}&query={w.replace(' ', '%20')}" for w in q],
          (conversations.search, ch, lambda i: q[i % len(q)], 50)),
         ("history page (50)", [f"/api/v1/inbox/conversations/{c}/messages?limit=50" for c in convs[:500]],
-         (messages.history, lambda i: convs[i % 500], "all", 50, None)),
+         (messages.history_json, lambda i: convs[i % 500], "all", 50, None)),
     ]  # fmt: skip
     writes = ["title", "status", "assignee"]
     port, bare_port = free_port(), free_port()

@@ -44,6 +44,7 @@ def _open() -> tuple[Store, Seed, str]:
         content="hello",
     )
     conv_id = store.write_sync(messages.ingest, who, new, 1).message.conversation_id
+    store.write_sync(messages.ingest, who, new, 2)  # a second message, to quote the first
     return store, seed, conv_id
 
 
@@ -137,3 +138,63 @@ def test_sql_json_matches_the_wire_module(
         wire.conversation(c, with_contact=True) for c in from_model
     ]
     assert from_sql.last == (sort_at, pk)
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    texts=st.lists(maybe_text, min_size=12, max_size=12),
+    file_size=st.none() | st.integers(min_value=0, max_value=2**53),
+    floats=st.tuples(st.none() | finite, st.none() | finite, st.none() | finite),
+    times=st.tuples(st.none() | instant, st.none() | instant, st.none() | instant, instant),
+    assignment=st.none() | st.dictionaries(text, st.none() | text | st.integers(), max_size=3),
+    author=st.booleans(),
+    quoted=st.booleans(),
+)
+def test_message_sql_json_matches_the_wire_module(
+    texts: list[str | None],
+    file_size: int | None,
+    floats: tuple[float | None, float | None, float | None],
+    times: tuple[int | None, int | None, int | None, int],
+    assignment: dict[str, object] | None,
+    author: bool,
+    quoted: bool,
+) -> None:
+    store, seed, conv_id = _STORE
+
+    def arrange(conn: sqlite3.Connection) -> int:
+        pk, quoted_pk = (
+            r[0]
+            for r in conn.execute(
+                "SELECT m.pk FROM messages m JOIN conversations c ON c.pk = m.conversation_pk"
+                " WHERE c.id = ? ORDER BY m.pk LIMIT 2",
+                (conv_id,),
+            )
+        )
+        author_pk = conn.execute("SELECT pk FROM users WHERE id = ?", (seed.ann_id,)).fetchone()[0]
+        conn.execute(
+            "UPDATE messages SET content = ?, media_url = ?, media_type = ?, file_name = ?,"
+            " thumbnail_url = ?, template_name = ?, template_language = ?, status = ?,"
+            " external_id = ?, system_event_source = ?, system_event_operator_name = ?,"
+            " system_event_operator_email = ?, file_size = ?, media_duration = ?, latitude = ?,"
+            " longitude = ?, sent_at = ?, delivered_at = ?, read_at = ?, created_at = ?,"
+            " assignment_event = ?, author_user_pk = ?, quoted_message_pk = ? WHERE pk = ?",
+            (
+                *texts,
+                file_size,
+                *floats,
+                *times,
+                None if assignment is None else json.dumps(assignment),
+                author_pk if author else None,
+                quoted_pk if quoted else None,
+                pk,
+            ),
+        )
+        return int(pk)
+
+    pk = store.write_sync(arrange)
+    from_sql = store.read_sync(lambda c: messages.load_json(c, [pk]))
+    from_model = store.read_sync(lambda c: messages.load_one(c, pk))
+    assert json.loads(from_sql) == [wire.message(from_model)]

@@ -101,14 +101,13 @@ async def list_messages(conversation_id: str) -> Response:
     limit = arg_limit()
     cursor = arg_cursor()
     page = await state().store.read(
-        messages.history, principal(), conversation_id, kind, limit, cursor
+        messages.history_json, principal(), conversation_id, kind, limit, cursor
     )
-    last = page.rows[-1] if page.rows else None
     return json_response(
         {
-            "messages": [wire.message(m) for m in page.rows],
+            "messages": orjson.Fragment(page.json),
             "nextCursor": (
-                cursors.encode(last.created_at, last.pk) if page.has_more and last else None
+                cursors.encode(*page.last) if page.has_more and page.last is not None else None
             ),
             "hasMore": page.has_more,
         }

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Final
+from collections.abc import Sequence
+from typing import Any, Final
 
 import attrs
+import orjson
 
 from inboxd import ids, wire
 from inboxd.errors import InvalidRequest, NotFound, Unprocessable
@@ -108,6 +110,65 @@ def _message(r: sqlite3.Row) -> Message:
         latitude=r["latitude"],
         longitude=r["longitude"],
     )
+
+
+_iso = conversations.iso_sql
+
+# A Message as wire.message writes it, built by SQLite (see conversations._JSON_SELECT for why);
+# a test holds the two to the same output. SQLite prints doubles with 15 significant digits (not
+# exact, and the largest ones overflow to infinity when read back), so the REAL columns are left
+# null in the JSON and come back raw beside it; a row that has one is filled in by Python
+# (shortest round-trip repr). Most messages have none.
+_JSON_SELECT: Final = f"""
+SELECT m.pk, m.created_at, m.media_duration, m.latitude, m.longitude, json_object(
+    'id', m.id, 'conversationId', c.id, 'channelId', ch.id, 'direction', m.direction,
+    'type', m.type, 'content', m.content, 'mediaUrl', m.media_url, 'mediaType', m.media_type,
+    'fileName', m.file_name, 'fileSize', m.file_size, 'mediaDuration', NULL,
+    'thumbnailUrl', m.thumbnail_url, 'templateName', m.template_name,
+    'templateLanguage', m.template_language, 'status', m.status, 'externalId', m.external_id,
+    'sentAt', {_iso("m.sent_at")}, 'deliveredAt', {_iso("m.delivered_at")},
+    'readAt', {_iso("m.read_at")}, 'createdAt', {_iso("m.created_at")},
+    'systemEventSource', m.system_event_source,
+    'systemEventOperatorName', m.system_event_operator_name,
+    'systemEventOperatorEmail', m.system_event_operator_email,
+    'assignmentEvent', json(m.assignment_event),
+    'author', CASE WHEN a.id IS NULL THEN NULL
+              ELSE json_object('id', a.id, 'name', a.name, 'avatar', a.avatar) END,
+    'quotedMessage', CASE WHEN q.id IS NULL THEN NULL
+              ELSE json_object('id', q.id, 'content', q.content, 'type', q.type,
+                               'direction', q.direction, 'contactName', qct.name,
+                               'contactPhone', qct.phone_number, 'mediaUrl', q.media_url,
+                               'fileName', q.file_name) END,
+    'latitude', NULL, 'longitude', NULL)
+FROM messages m
+JOIN conversations c ON c.pk = m.conversation_pk
+JOIN channels ch ON ch.pk = m.channel_pk
+LEFT JOIN users a ON a.pk = m.author_user_pk
+LEFT JOIN messages q ON q.pk = m.quoted_message_pk
+LEFT JOIN conversations qc ON qc.pk = q.conversation_pk
+LEFT JOIN contacts qct ON qct.pk = qc.contact_pk
+"""
+
+
+def _exact_floats(r: sqlite3.Row | tuple[Any, ...]) -> str:
+    text: str = r[5]
+    if r[2] is None and r[3] is None and r[4] is None:
+        return text
+    fixed = orjson.loads(text)
+    fixed["mediaDuration"], fixed["latitude"], fixed["longitude"] = r[2], r[3], r[4]
+    return orjson.dumps(fixed).decode()
+
+
+def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> str:
+    """Messages by pk as one JSON array, in the order given."""
+    if not pks:
+        return "[]"
+    marks = ",".join("?" * len(pks))
+    by_pk = {
+        r[0]: _exact_floats(r)
+        for r in conn.execute(f"{_JSON_SELECT} WHERE m.pk IN ({marks})", list(pks))
+    }
+    return "[" + ",".join(by_pk[pk] for pk in pks if pk in by_pk) + "]"
 
 
 def load_one(conn: sqlite3.Connection, pk: int) -> Message:
@@ -480,15 +541,15 @@ class HistoryPage:
     has_more: bool
 
 
-def history(
+def _history_pks(
     conn: sqlite3.Connection,
     who: Principal,
     conversation_id: str,
     kind: str,
     limit: int,
     cursor: tuple[int, int] | None,
-) -> HistoryPage:
-    """A conversation's messages, newest first; ``kind`` keeps all, non-SYSTEM or SYSTEM rows."""
+) -> list[tuple[int, int]]:
+    """Up to ``limit + 1`` (pk, created_at) of the page, newest first."""
     conv = conversations.get(conn, who, conversation_id)
     where = ["m.conversation_pk = ?"]
     params: list[object] = [conv.pk]
@@ -500,16 +561,27 @@ def history(
         where.append("(m.created_at, m.pk) < (?, ?)")
         params += list(cursor)
     params.append(limit + 1)
-    pks = [
-        r[0]
+    return [
+        (r[0], r[1])
         for r in conn.execute(
-            f"SELECT m.pk FROM messages m WHERE {' AND '.join(where)}"
+            f"SELECT m.pk, m.created_at FROM messages m WHERE {' AND '.join(where)}"
             " ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
             params,
         )
     ]
-    has_more = len(pks) > limit
-    pks = pks[:limit]
+
+
+def history(
+    conn: sqlite3.Connection,
+    who: Principal,
+    conversation_id: str,
+    kind: str,
+    limit: int,
+    cursor: tuple[int, int] | None,
+) -> HistoryPage:
+    """A conversation's messages, newest first; ``kind`` keeps all, non-SYSTEM or SYSTEM rows."""
+    keys = _history_pks(conn, who, conversation_id, kind, limit, cursor)
+    pks = [pk for pk, _ in keys[:limit]]
     if not pks:
         return HistoryPage(rows=[], has_more=False)
     marks = ",".join("?" * len(pks))
@@ -517,4 +589,28 @@ def history(
         r["pk"]: _message(r)
         for r in conn.execute(f"{_SELECT} WHERE m.pk IN ({marks})", pks).fetchall()
     }
-    return HistoryPage(rows=[by_pk[pk] for pk in pks], has_more=has_more)
+    return HistoryPage(rows=[by_pk[pk] for pk in pks], has_more=len(keys) > limit)
+
+
+@attrs.frozen
+class JsonHistoryPage:
+    json: str  # the page's messages as a JSON array
+    last: tuple[int, int] | None  # the last row's (created_at, pk): the next cursor
+    has_more: bool
+
+
+def history_json(
+    conn: sqlite3.Connection,
+    who: Principal,
+    conversation_id: str,
+    kind: str,
+    limit: int,
+    cursor: tuple[int, int] | None,
+) -> JsonHistoryPage:
+    """``history``, already encoded for the wire (what the API serves)."""
+    keys = _history_pks(conn, who, conversation_id, kind, limit, cursor)
+    page = keys[:limit]
+    last = (page[-1][1], page[-1][0]) if page else None
+    return JsonHistoryPage(
+        json=load_json(conn, [pk for pk, _ in page]), last=last, has_more=len(keys) > limit
+    )
