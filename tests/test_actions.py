@@ -13,8 +13,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from inboxd import wire
 from inboxd.errors import Conflict, Unprocessable
-from inboxd.store import accounts, actions, messages
+from inboxd.model import Conversation
+from inboxd.store import accounts, actions, conversations, messages
 from inboxd.store.db import Store
 from tests.conftest import Seed, auth, ingest, seed_store
 
@@ -269,6 +271,20 @@ class ActionsMachine(RuleBasedStateMachine):
         self.store.close()
         self.tmp.cleanup()
 
+    def returned(self, conv: Conversation) -> None:
+        """An action returns the conversation as the store now holds it (built without reading
+        it back), and its SYSTEM row's event carries the row as the store holds it."""
+        assert conv == self.store.read_sync(lambda c: conversations.load(c, [conv.pk])[0])
+        pk, body = self.store.read_sync(
+            lambda c: c.execute(
+                "SELECT (SELECT max(pk) FROM messages WHERE is_system = 1), (SELECT body FROM"
+                " events WHERE type = 'inbox.message.created' ORDER BY seq DESC LIMIT 1)"
+            ).fetchone()
+        )
+        if pk is not None:
+            stored = self.store.read_sync(lambda c: messages.load_one(c, pk))
+            assert json.loads(body)["data"] == wire.message(stored)
+
     @rule(user=st.sampled_from(["owner", "ann", "bob", None]))
     def assign(self, user: str | None) -> None:
         user_id = {
@@ -278,7 +294,7 @@ class ActionsMachine(RuleBasedStateMachine):
             None: None,
         }[user]
         try:
-            self.store.write_sync(actions.assign, self.who, self.conv, user_id, 2)
+            self.returned(self.store.write_sync(actions.assign, self.who, self.conv, user_id, 2))
         except Unprocessable:
             assert user == "bob"  # bob cannot open the support channel
             return
@@ -289,7 +305,7 @@ class ActionsMachine(RuleBasedStateMachine):
     @rule(status=st.sampled_from(["OPEN", "CLOSED"]))
     def set_status(self, status: str) -> None:
         try:
-            self.store.write_sync(actions.set_status, self.who, self.conv, status, 2)
+            self.returned(self.store.write_sync(actions.set_status, self.who, self.conv, status, 2))
         except Conflict:
             assert status == self.model["status"]
             return
@@ -300,7 +316,9 @@ class ActionsMachine(RuleBasedStateMachine):
     @rule(blocked=st.booleans())
     def block(self, blocked: bool) -> None:
         try:
-            self.store.write_sync(actions.set_blocked, self.who, self.conv, blocked, 2)
+            self.returned(
+                self.store.write_sync(actions.set_blocked, self.who, self.conv, blocked, 2)
+            )
         except Conflict:
             assert blocked == self.model["blocked"]
             return
@@ -309,7 +327,7 @@ class ActionsMachine(RuleBasedStateMachine):
 
     @rule(title=st.sampled_from(["a", "b", "c"]))
     def rename(self, title: str) -> None:
-        self.store.write_sync(actions.rename, self.who, self.conv, title, 2)
+        self.returned(self.store.write_sync(actions.rename, self.who, self.conv, title, 2))
         if title != self.model["title"]:
             self.changes += 1
         self.model["title"] = title

@@ -13,7 +13,7 @@ import attrs
 
 from inboxd import wire
 from inboxd.errors import Conflict, Unprocessable
-from inboxd.model import Conversation, Principal
+from inboxd.model import Conversation, Principal, UserRef
 from inboxd.store import conversations, events
 from inboxd.store.messages import SOURCE_API, Actor, write_system_message
 
@@ -39,12 +39,15 @@ def _change(
     account_pk: int,
     actor: Actor | None,
     sets: dict[str, object],
+    becomes: dict[str, Any],
     content: str,
     event_type: str,
     data: dict[str, object],
     now: int,
     assignment_event: dict[str, object] | None = None,
 ) -> Conversation:
+    """Update the columns in ``sets``; ``becomes`` is the same change in the model's terms, so
+    the updated conversation is returned without reading it back (a test holds the two equal)."""
     assignments = ", ".join(f"{column} = ?" for column in sets)
     conn.execute(
         f"UPDATE conversations SET {assignments}, updated_at = ? WHERE pk = ?",
@@ -54,7 +57,9 @@ def _change(
         conn,
         account_pk=account_pk,
         conversation_pk=conv.pk,
+        conversation_id=conv.id,
         channel_pk=conv.channel_pk,
+        channel_id=conv.channel_id,
         content=content,
         source=SOURCE_API,
         actor=actor,
@@ -69,7 +74,7 @@ def _change(
         {"conversationId": conv.id, "channelId": conv.channel_id, **data},
         now,
     )
-    return conversations.load(conn, [conv.pk])[0]
+    return attrs.evolve(conv, **becomes, updated_at=now)
 
 
 def _can_open(conn: sqlite3.Connection, user_pk: int, channel_pk: int) -> bool:
@@ -105,6 +110,7 @@ def assign(
         who.account_pk,
         actor,
         {"assigned_to_pk": target.pk},
+        {"assigned_user": UserRef(id=target.id, name=target.name, avatar=target.avatar)},
         f"{actor.name} assigned the conversation to {target.name}",
         events.ASSIGNED,
         {
@@ -136,6 +142,7 @@ def unassign_as(
         account_pk,
         actor,
         {"assigned_to_pk": None},
+        {"assigned_user": None},
         content,
         events.UNASSIGNED,
         {
@@ -166,6 +173,7 @@ def set_status(
         who.account_pk,
         actor,
         {"status": status},
+        {"status": status},
         f"{actor.name} {verb} the conversation",
         events.STATUS_CHANGED,
         {"status": status, "previousStatus": conv.status, "actorUserId": actor.id},
@@ -188,6 +196,7 @@ def set_blocked(
         who.account_pk,
         actor,
         {"is_blocked": int(blocked)},
+        {"is_blocked": blocked},
         f"{actor.name} {'blocked' if blocked else 'unblocked'} the contact",
         events.BLOCKED if blocked else events.UNBLOCKED,
         {"actorUserId": actor.id},
@@ -207,6 +216,7 @@ def rename(
         conv,
         who.account_pk,
         actor,
+        {"title": title},
         {"title": title},
         f'{actor.name} renamed the conversation to "{title}"',
         events.TITLE_CHANGED,

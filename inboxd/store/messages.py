@@ -397,7 +397,9 @@ def _reopen_by_inbound(
         conn,
         account_pk=account_pk,
         conversation_pk=conv["pk"],
+        conversation_id=conv["id"],
         channel_pk=channel_pk,
+        channel_id=channel_id,
         content="Conversation reopened by a new message from the customer",
         source=SOURCE_INBOUND_MESSAGE,
         actor=None,
@@ -435,7 +437,9 @@ def write_system_message(
     *,
     account_pk: int,
     conversation_pk: int,
+    conversation_id: str,
     channel_pk: int,
+    channel_id: str,
     content: str,
     source: str,
     actor: Actor | None,
@@ -447,13 +451,14 @@ def write_system_message(
     SYSTEM rows do not move the conversation's lastMessage* fields: a status change is not a
     message and must not reorder the inbox.
     """
+    message_id = ids.new_id("msg")
     cur = conn.execute(
         "INSERT INTO messages (id, account_pk, conversation_pk, channel_pk, direction, type,"
         " is_system, content, created_at, system_event_source, system_event_operator_name,"
         " system_event_operator_email, assignment_event, author_user_pk)"
         " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
         (
-            ids.new_id("msg"),
+            message_id,
             account_pk,
             conversation_pk,
             channel_pk,
@@ -468,7 +473,41 @@ def write_system_message(
             None if actor is None else actor.pk,
         ),
     )
-    message = load_one(conn, int(cur.lastrowid or 0))
+    # Everything the row holds is known here: no need to read it back (a test holds this to
+    # load_one).
+    message = Message(
+        pk=int(cur.lastrowid or 0),
+        id=message_id,
+        conversation_id=conversation_id,
+        channel_id=channel_id,
+        direction=OUTBOUND,
+        type=SYSTEM,
+        content=content,
+        media_url=None,
+        media_type=None,
+        file_name=None,
+        file_size=None,
+        media_duration=None,
+        thumbnail_url=None,
+        template_name=None,
+        template_language=None,
+        status=None,
+        external_id=None,
+        sent_at=None,
+        delivered_at=None,
+        read_at=None,
+        created_at=now,
+        system_event_source=source,
+        system_event_operator_name=None if actor is None else actor.name,
+        system_event_operator_email=None if actor is None else actor.email,
+        assignment_event=assignment_event,
+        author=None
+        if actor is None
+        else UserRef(id=actor.id, name=actor.name, avatar=actor.avatar),
+        quoted_message=None,
+        latitude=None,
+        longitude=None,
+    )
     events.append(conn, account_pk, channel_pk, events.MESSAGE_CREATED, wire.message(message), now)
     return message
 
