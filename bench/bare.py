@@ -1,5 +1,7 @@
 """The framework's ceilings: a bare quart-trio app on hypercorn's trio worker, set up like the
-daemon. ``GET /ceiling`` returns 1 KB of JSON (the HTTP ceiling); ``POST /broadcast`` sends its
+daemon. ``GET /ceiling`` returns 1 KB of JSON (the HTTP ceiling), ``GET /ceiling/N`` about N bytes
+of JSON (the same for a response as large as a page), ``PATCH /ceiling`` does the same
+after reading a small JSON body (what a write costs the framework); ``POST /broadcast`` sends its
 body to every websocket on ``/feed`` through a per-client queue, like inboxd's feed.
 
 Run as ``python -m bench.bare PORT``.
@@ -7,12 +9,13 @@ Run as ``python -m bench.bare PORT``.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
-from quart import request, websocket
+from quart import Response, request, websocket
 from quart_trio import QuartTrio
 
 app = QuartTrio("bare")
@@ -30,6 +33,29 @@ _KB_OF_JSON = {"items": [{"id": f"item_{i:04d}", "name": "x" * 20} for i in rang
 @app.get("/ceiling")
 async def ceiling() -> dict[str, object]:
     return _KB_OF_JSON
+
+
+_SIZED: dict[int, bytes] = {}
+
+
+@app.get("/ceiling/<int:size>")
+async def ceiling_sized(size: int) -> Response:
+    """JSON of about ``size`` bytes, encoded once: the framework's ceiling for a response as
+    large as a list page."""
+    body = _SIZED.get(size)
+    if body is None:
+        item = json.dumps({"id": "item_0000", "name": "x" * 20}).encode()
+        count = max(1, size // (len(item) + 1))
+        body = _SIZED[size] = b'{"items":[' + b",".join([item] * count) + b"]}"
+    return Response(body, content_type="application/json")
+
+
+@app.patch("/ceiling")
+async def ceiling_write() -> dict[str, object]:
+    """The same answer to a PATCH with a small JSON body, read and parsed (a write's framework
+    cost without the store)."""
+    body = await request.get_json()
+    return {**_KB_OF_JSON, "got": body}
 
 
 @app.post("/broadcast")

@@ -11,7 +11,10 @@ Beside each endpoint: its share of the ceiling's requests/s, and the storage flo
 store function called directly on the same file, one thread, no HTTP. The machines this runs on
 are noisy (the ceiling alone moves by 20 % between runs), so the ceiling is measured right
 before each endpoint, for the same time, and each share is against that neighbouring figure;
-the table also shows the median of those ceilings.
+the table also shows the median of those ceilings. Beside each write, the bare app also answers
+a PATCH whose small JSON body it reads and parses: what the framework alone makes of a write;
+beside each read whose answer is over 2 KB, the bare app sends that many bytes of JSON: what the
+framework (and wrk, on the same cores) make of a response that large.
 """
 
 from __future__ import annotations
@@ -118,6 +121,15 @@ request = function()
   for k, v in pairs(wrk.headers) do headers[k] = v end
   headers["Content-Type"] = "application/json"
   return wrk.format("PATCH", path, headers, body)
+end
+"""
+
+
+LUA_BARE_PATCH = """
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format("PATCH", nil, {["Content-Type"] = "application/json"}, '{"title": "t' .. i .. '"}')
 end
 """
 
@@ -254,6 +266,9 @@ def run(args: argparse.Namespace) -> int:
     )
     results: dict[str, dict[str, float]] = {}
     ceilings: dict[str, dict[str, float]] = {}
+    patch_ceilings: dict[str, dict[str, float]] = {}
+    sized_ceilings: dict[str, dict[str, float]] = {}
+    sizes: dict[str, int] = {}
     bare = None
     try:
         base = f"http://127.0.0.1:{port}"
@@ -280,13 +295,27 @@ def run(args: argparse.Namespace) -> int:
             """Alternate the ceiling and the endpoint in short slices; sum them up."""
             slices = max(1, int(args.seconds // 3))
             each = max(1.0, args.seconds / slices)
-            mine, theirs = [], []
+            mine, theirs, patches, sized = [], [], [], []
+            size = 0
+            if paths:  # a read: also the bare app answering with as many bytes, for context
+                first = httpx.get(
+                    base + paths[0], headers={"Authorization": f"Bearer {ids['key']}"}
+                )
+                size = len(first.content)
+                sizes[name] = size
             for _ in range(slices):
                 theirs.append(load(ceiling_url, None, None, None, each))
-                if reset:
+                if size > 2048:
+                    sized.append(load(f"{ceiling_url}/{size}", None, None, None, each))
+                if reset:  # a write: also the bare app reading a JSON body, for context
+                    patches.append(load(ceiling_url, None, None, LUA_BARE_PATCH, each))
                     reset_for_writes(data, reset)
                 mine.append(load(base, paths, ids["key"], script, each))
             ceilings[name] = combine(theirs)
+            if patches:
+                patch_ceilings[name] = combine(patches)
+            if sized:
+                sized_ceilings[name] = combine(sized)
             results[name] = combine(mine)
 
         for name, paths, _ in reads:
@@ -315,6 +344,12 @@ def run(args: argparse.Namespace) -> int:
         share = f"{ceiling:,.0f}; {r['rps'] / ceiling:.0%}"
         floor = f"; floor {floors[name]:.0f} us" if name in floors else ""
         errors = f"; {r['non_2xx']:.0f} non-2xx" if r["non_2xx"] else ""
+        if name in sized_ceilings:
+            same = sized_ceilings[name]["rps"]
+            floor += f"; bare {sizes[name] / 1024:.0f} KB {same:,.0f}: {r['rps'] / same:.0%}"
+        if name in patch_ceilings:
+            patch = patch_ceilings[name]["rps"]
+            floor = f"; bare PATCH {patch:,.0f}: {r['rps'] / patch:.0%}"
         rows.append(
             (
                 name,
@@ -329,6 +364,9 @@ def run(args: argparse.Namespace) -> int:
             "args": {**vars(args), "driver": driver},
             "results": results,
             "ceilings": ceilings,
+            "patch_ceilings": patch_ceilings,
+            "sized_ceilings": sized_ceilings,
+            "response_bytes": sizes,
             "floor_us": floors,
             "startup_seconds": startup,
         },
