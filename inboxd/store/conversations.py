@@ -261,10 +261,11 @@ class SearchResult:
     messages: JsonRows
 
 
-# The trigram index drives each search and hands its matches newest first (FTS5 walks rowids
-# backwards natively); CROSS JOIN keeps SQLite from looping over the channel's rows and probing
-# the index once per row. The caller stops reading once it has a page, so a common word costs
-# what a page costs, not what all its matches in the store cost.
+# The trigram index drives each search: the query asks for the text AND the channel's token
+# (schema v8), so the index hands over only this channel's matches, newest first (FTS5 walks
+# rowids backwards natively); CROSS JOIN keeps SQLite from looping over the channel's rows and
+# probing the index once per row. The caller stops reading once it has a page, so a common word
+# costs what a page costs, in a small channel as in a large one.
 CONTACT_MATCHES_SQL: Final = (
     "SELECT c.pk FROM contacts_fts f CROSS JOIN contacts ct ON ct.pk = f.rowid"
     " CROSS JOIN conversations c ON c.contact_pk = ct.pk"
@@ -274,6 +275,17 @@ MESSAGE_MATCHES_SQL: Final = (
     "SELECT m.conversation_pk FROM messages_fts f CROSS JOIN messages m ON m.pk = f.rowid"
     " WHERE messages_fts MATCH ? AND m.channel_pk = ? ORDER BY f.rowid DESC"
 )
+
+
+def channel_token(channel_pk: int) -> str:
+    """The channel's token in the search indexes (schema.CHANNEL_TOKEN_SQL, in Python)."""
+    return (
+        chr(0xE000 + (channel_pk // 4096) % 4096)
+        + chr(0xE000 + (channel_pk // 64) % 64)
+        + chr(0xE000 + channel_pk % 64)
+    )
+
+
 _FETCH: Final = 256
 
 
@@ -319,15 +331,20 @@ def search(
             contacts=load_json(conn, [], newest_first=True),
             messages=load_json(conn, [], newest_first=True),
         )
+    in_channel = f"channel : {_phrase(channel_token(channel.pk))}"
     contact_match = f"name : {_phrase(text)}"
     digits = re.sub(r"[^0-9]", "", text)
     if _PHONE_LIKE.match(text) and len(digits) >= MIN_QUERY_LEN:
         contact_match += f" OR phone_number : {_phrase(digits)}"
     contact_pks = _first_distinct(
-        conn, CONTACT_MATCHES_SQL, (contact_match, channel.pk), limit, set()
+        conn, CONTACT_MATCHES_SQL, (f"({contact_match}) AND {in_channel}", channel.pk), limit, set()
     )
     message_pks = _first_distinct(
-        conn, MESSAGE_MATCHES_SQL, (_phrase(text), channel.pk), limit, set(contact_pks)
+        conn,
+        MESSAGE_MATCHES_SQL,
+        (f"content : {_phrase(text)} AND {in_channel}", channel.pk),
+        limit,
+        set(contact_pks),
     )
     return SearchResult(
         contacts=load_json(conn, contact_pks, newest_first=True),

@@ -24,6 +24,7 @@ same file while the daemon runs; ``busy_timeout`` makes them wait their turn.
 from __future__ import annotations
 
 import contextvars
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -35,6 +36,8 @@ import trio
 
 from inboxd.errors import ServiceUnavailable, StoreError
 from inboxd.store.schema import MIGRATIONS
+
+log = logging.getLogger("inboxd.store")
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -131,6 +134,10 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
+def db_path_of(conn: sqlite3.Connection) -> str:
+    return str(conn.execute("PRAGMA database_list").fetchone()[2])
+
+
 def migrate(conn: sqlite3.Connection) -> int:
     """Apply the migrations this store has not had yet; return how many were applied."""
     version = schema_version(conn)
@@ -141,6 +148,15 @@ def migrate(conn: sqlite3.Connection) -> int:
         )
     applied = 0
     for number in range(version + 1, len(MIGRATIONS) + 1):
+        if version > 0:  # an existing store (a new one is built in a blink)
+            log.info(
+                "migrating the store",
+                extra={
+                    "schema_version": number,
+                    "of": len(MIGRATIONS),
+                    "path": str(db_path_of(conn)),
+                },
+            )
         # executescript runs the whole migration and the version bump as one transaction.
         conn.executescript(
             "BEGIN IMMEDIATE;\n"
