@@ -138,6 +138,9 @@ def test_sql_json_matches_the_wire_module(
         wire.conversation(c, with_contact=True) for c in from_model
     ]
     assert from_sql.last == (sort_at, pk)
+    who = store.read_sync(accounts.authenticate, seed.owner_key)
+    one = store.read_sync(conversations.get_json, who, conv_id)
+    assert json.loads(one) == wire.conversation(from_model[0], with_contact=True)
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False)

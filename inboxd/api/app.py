@@ -237,6 +237,8 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
     @app.after_request
     async def log_access(response: Response) -> Response:
         await _idempotency_complete(response)
+        if not access_log.isEnabledFor(logging.INFO):
+            return response
         started = getattr(g, "started", None)
         access_log.info(
             "request",

@@ -91,8 +91,8 @@ async def conversation_counts() -> Response:
 
 @blueprint.get("/conversations/<conversation_id>")
 async def get_conversation(conversation_id: str) -> Response:
-    row = await state().store.read(conversations.get, principal(), conversation_id)
-    return json_response(wire.conversation(row, with_contact=True))
+    body = await state().store.read(conversations.get_json, principal(), conversation_id)
+    return Response(body, content_type="application/json")
 
 
 @blueprint.get("/conversations/<conversation_id>/messages")
