@@ -6,6 +6,7 @@ examples); the HTTP tests walk hundreds of rows that share one timestamp through
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from inboxd import cursors
 from inboxd.model import Principal
 from inboxd.store import accounts, conversations, messages
 from inboxd.store.db import Store
+from inboxd.timeutil import parse_instant
 from tests import arrange
 from tests.conftest import Seed, ingest, seed_store
 
@@ -67,26 +69,27 @@ def test_conversation_walk_is_complete_and_ordered(
                 for i, cid in enumerate(ids)
                 if status is None or (status == "CLOSED") == (i in closed)
             }
-            seen: list[conversations.Conversation] = []
+            seen: list[dict[str, Any]] = []
             cursor = None
             for _ in range(len(times) + 2):
                 page = store.read_sync(
-                    conversations.list_page,
+                    conversations.list_page_json,
                     who,
                     conversations.ListQuery(limit=limit, cursor=cursor, status=status),
                 )
-                seen += page.rows
-                assert len(page.rows) <= limit
+                rows = json.loads(page.rows.json)
+                seen += rows
+                assert len(rows) <= limit
                 if not page.has_more:
                     break
-                last = page.rows[-1]
+                assert page.rows.last is not None
                 # The cursor is handed to the client as a string and read back from one.
-                cursor = cursors.decode(cursors.encode(last.sort_at, last.pk))
+                cursor = cursors.decode(cursors.encode(*page.rows.last))
             else:
                 raise AssertionError("the walk did not end")
-            assert [c.id for c in seen if c.id in expected] == [c.id for c in seen]
-            assert sorted(c.id for c in seen) == sorted(expected)
-            stamps = [c.last_message_at for c in seen]
+            assert [c["id"] for c in seen if c["id"] in expected] == [c["id"] for c in seen]
+            assert sorted(c["id"] for c in seen) == sorted(expected)
+            stamps = [c["lastMessageAt"] for c in seen]  # same format: they sort as text
             assert stamps == sorted(stamps, reverse=True)
         finally:
             store.close()
@@ -151,17 +154,20 @@ def test_history_walk_is_complete_and_ordered(
                     store.write_sync(messages.ingest, who, new, BASE)
                 expected_all.append((BASE + t, system))
             want = [x for x in expected_all if kind == "all" or (kind == "system") == x[1]]
-            seen: list[Any] = []
+            seen: list[dict[str, Any]] = []
             cursor = None
             while True:
-                page = store.read_sync(messages.history, who, conv_id, kind, limit, cursor)
-                seen += page.rows
+                page = store.read_sync(messages.history_json, who, conv_id, kind, limit, cursor)
+                seen += json.loads(page.json)
                 if not page.has_more:
                     break
-                cursor = cursors.decode(cursors.encode(page.rows[-1].created_at, page.rows[-1].pk))
-            assert len({m.id for m in seen}) == len(seen) == len(want)
-            assert [m.created_at for m in seen] == sorted((t for t, _ in want), reverse=True)
-            assert all((m.type == "SYSTEM") == (kind == "system") for m in seen if kind != "all")
+                assert page.last is not None
+                cursor = cursors.decode(cursors.encode(*page.last))
+            assert len({m["id"] for m in seen}) == len(seen) == len(want)
+            assert [parse_instant(m["createdAt"]) for m in seen] == sorted(
+                (t for t, _ in want), reverse=True
+            )
+            assert all((m["type"] == "SYSTEM") == (kind == "system") for m in seen if kind != "all")
         finally:
             store.close()
 

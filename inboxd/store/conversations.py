@@ -178,12 +178,6 @@ class ListQuery:
     assignee_id: str | None = None
 
 
-@attrs.frozen
-class Page:
-    rows: list[Conversation]
-    has_more: bool
-
-
 def _scope(
     conn: sqlite3.Connection, who: Principal, channel_id: str | None
 ) -> tuple[list[str], list[object]] | None:
@@ -237,12 +231,6 @@ def _page_pks(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> list[in
     ]
 
 
-def list_page(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> Page:
-    """A page of conversations, newest lastMessageAt (else createdAt) first."""
-    pks = _page_pks(conn, who, q)
-    return Page(rows=load(conn, pks[: q.limit]), has_more=len(pks) > q.limit)
-
-
 @attrs.frozen
 class JsonPage:
     rows: JsonRows
@@ -250,7 +238,8 @@ class JsonPage:
 
 
 def list_page_json(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> JsonPage:
-    """``list_page``, with the rows already encoded for the wire (what the API serves)."""
+    """A page of conversations, newest lastMessageAt (else createdAt) first, encoded for the
+    wire."""
     pks = _page_pks(conn, who, q)
     return JsonPage(
         rows=load_json(conn, pks[: q.limit], newest_first=False), has_more=len(pks) > q.limit

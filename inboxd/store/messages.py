@@ -574,12 +574,6 @@ def set_status(
 KINDS: Final = ("all", "messages", "system")
 
 
-@attrs.frozen
-class HistoryPage:
-    rows: list[Message]
-    has_more: bool
-
-
 def _history_pks(
     conn: sqlite3.Connection,
     who: Principal,
@@ -610,27 +604,6 @@ def _history_pks(
     ]
 
 
-def history(
-    conn: sqlite3.Connection,
-    who: Principal,
-    conversation_id: str,
-    kind: str,
-    limit: int,
-    cursor: tuple[int, int] | None,
-) -> HistoryPage:
-    """A conversation's messages, newest first; ``kind`` keeps all, non-SYSTEM or SYSTEM rows."""
-    keys = _history_pks(conn, who, conversation_id, kind, limit, cursor)
-    pks = [pk for pk, _ in keys[:limit]]
-    if not pks:
-        return HistoryPage(rows=[], has_more=False)
-    marks = ",".join("?" * len(pks))
-    by_pk = {
-        r["pk"]: _message(r)
-        for r in conn.execute(f"{_SELECT} WHERE m.pk IN ({marks})", pks).fetchall()
-    }
-    return HistoryPage(rows=[by_pk[pk] for pk in pks], has_more=len(keys) > limit)
-
-
 @attrs.frozen
 class JsonHistoryPage:
     json: str  # the page's messages as a JSON array
@@ -646,7 +619,8 @@ def history_json(
     limit: int,
     cursor: tuple[int, int] | None,
 ) -> JsonHistoryPage:
-    """``history``, already encoded for the wire (what the API serves)."""
+    """A conversation's messages, newest first, encoded for the wire; ``kind`` keeps all,
+    non-SYSTEM or SYSTEM rows."""
     keys = _history_pks(conn, who, conversation_id, kind, limit, cursor)
     page = keys[:limit]
     last = (page[-1][1], page[-1][0]) if page else None
