@@ -44,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a store made by 'python -m bench generate'")
     p.add_argument("--seconds", type=float, default=10.0, help="load per endpoint (10)")
     p.add_argument("--driver", choices=["auto", "wrk", "python"], default="auto")
+    p.add_argument(
+        "--only",
+        default="",
+        help="run only the rows whose name contains one of these comma-separated words",
+    )
 
 
 def pick(data: Path) -> dict[str, Any]:
@@ -122,18 +127,23 @@ request = function()
   local id = ids[(n %% #ids) + 1]
   local round = math.floor(n / #ids)
   local body
+  local method = "PATCH"
   local path = "/api/v1/inbox/conversations/" .. id .. "/" .. kind
   if kind == "title" then
     body = '{"title": "t' .. n .. '"}'
   elseif kind == "status" then
     if round %% 2 == 0 then body = '{"status": "CLOSED"}' else body = '{"status": "OPEN"}' end
+  elseif kind == "block" then
+    method = "POST"
+    body = "{}"
+    if round %% 2 == 1 then path = "/api/v1/inbox/conversations/" .. id .. "/unblock" end
   else
     if round %% 2 == 0 then body = '{"userId": "' .. owner .. '"}' else body = '{"userId": null}' end
   end
   local headers = {}
   for k, v in pairs(wrk.headers) do headers[k] = v end
   headers["Content-Type"] = "application/json"
-  return wrk.format("PATCH", path, headers, body)
+  return wrk.format(method, path, headers, body)
 end
 """
 
@@ -148,14 +158,15 @@ end
 
 
 def reset_for_writes(data: Path, conversation_ids: list[str]) -> None:
-    """Open and unassign the conversations a write script starts on, so that its first round
-    of status and assignee changes are real changes (the store allows another writer)."""
+    """Open, unassign and unblock the conversations a write script starts on, so that its first
+    round of changes are real changes (the store allows another writer)."""
     conn = sqlite3.connect(db_path(data), timeout=30)
     marks = ",".join("?" * len(conversation_ids))
     with conn:
         conn.execute(
-            f"UPDATE conversations SET status = 'OPEN', assigned_to_pk = NULL WHERE id IN ({marks})"
-            " AND (status <> 'OPEN' OR assigned_to_pk IS NOT NULL)",
+            "UPDATE conversations SET status = 'OPEN', assigned_to_pk = NULL, is_blocked = 0"
+            f" WHERE id IN ({marks})"
+            " AND (status <> 'OPEN' OR assigned_to_pk IS NOT NULL OR is_blocked <> 0)",
             conversation_ids,
         )
     conn.close()
@@ -297,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
         ("history page (50)", [f"/api/v1/inbox/conversations/{c}/messages?limit=50" for c in convs[:500]],
          (messages.history_json, lambda i: convs[i % 500], "all", 50, None)),
     ]  # fmt: skip
-    writes = ["title", "status", "assignee"]
+    writes = ["title", "status", "assignee", "block"]  # block: block and unblock in turn
     port, bare_port = free_port(), free_port()
     # Start-up on this store: from launching the process until /readyz answers (imports,
     # opening and migrating the store, the supervisors and deliverers started).
@@ -360,10 +371,17 @@ def run(args: argparse.Namespace) -> int:
                 sized_ceilings[name] = combine(sized)
             results[name] = combine(mine)
 
+        def wanted(name: str) -> bool:
+            words = [w.strip() for w in args.only.split(",") if w.strip()]
+            return not words or any(w in name for w in words)
+
         for name, paths, _ in reads:
-            measure(name, paths, None)
+            if wanted(name):
+                measure(name, paths, None)
         if driver == "wrk":
             for kind in writes:
+                if not wanted(f"write: {kind}"):
+                    continue
                 targets = ids["open_conversations"] if kind == "status" else convs[:1000]
                 id_list = ", ".join(json.dumps(c) for c in targets)
                 script = LUA_WRITE % (id_list, kind, ids["owner_id"])
@@ -374,9 +392,9 @@ def run(args: argparse.Namespace) -> int:
         if bare is not None:
             bare.terminate()
             bare.wait(15)
-    floors = {name: floor_us(data, ids, *spec) for name, _, spec in reads}
+    floors = {name: floor_us(data, ids, *spec) for name, _, spec in reads if name in results}
     search = search_latency(data, ids)
-    median = sorted(c["rps"] for c in ceilings.values())[len(ceilings) // 2]
+    median = sorted(c["rps"] for c in ceilings.values())[len(ceilings) // 2] if ceilings else 0.0
     rows = [
         ("endpoint", "req/s  p50 / p99 ms", "ceiling before it; share; store floor"),
         ("ceiling (median)", f"{median:,.0f}", ""),
