@@ -33,7 +33,7 @@ from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.feed import FeedHub
 from inboxd.mailer import Mailer
-from inboxd.store import accounts, idempotency, webhooks
+from inboxd.store import accounts, events, idempotency, webhooks
 from inboxd.store.db import Store
 from inboxd.webhooks.channel import ChannelWebhookHub
 from inboxd.webhooks.client import make_client
@@ -42,6 +42,7 @@ from inboxd.webhooks.inbox import InboxWebhookDeliverer
 log = logging.getLogger("inboxd.daemon")
 
 KEY_USAGE_FLUSH_SECONDS: Final = 30.0
+JOURNAL_PRUNE_BATCH: Final = 5_000
 FEED_PING_SECONDS: Final = 20.0
 
 
@@ -73,7 +74,8 @@ async def _flush_key_usage(app_state: AppState) -> None:
 
 
 async def _housekeeping(app_state: AppState) -> None:
-    """Now and then: record keys' lastUsedAt, forget Idempotency-Keys older than 24 h."""
+    """Now and then: record keys' lastUsedAt, forget Idempotency-Keys older than 24 h, prune the
+    journal past feed.retention."""
     while True:
         await trio.sleep(KEY_USAGE_FLUSH_SECONDS)
         await _flush_key_usage(app_state)
@@ -81,6 +83,26 @@ async def _housekeeping(app_state: AppState) -> None:
             await app_state.store.write(idempotency.prune, app_state.clock.now_us())
         except Exception:
             log.exception("could not prune idempotency keys")
+        await prune_journal(app_state)
+
+
+async def prune_journal(app_state: AppState) -> int:
+    """Delete the events older than feed.retention that nothing owes, a batch per transaction
+    (so other writes go in between); returns how many went."""
+    retention_us = round(app_state.config.feed.retention * 1_000_000)
+    before = app_state.clock.now_us() - retention_us
+    total = 0
+    try:
+        while True:
+            done = await app_state.store.write(events.prune, before, JOURNAL_PRUNE_BATCH)
+            total += done
+            if done < JOURNAL_PRUNE_BATCH:
+                break
+    except Exception:
+        log.exception("could not prune the journal")
+    if total:
+        log.info("journal pruned", extra={"events": total})
+    return total
 
 
 async def run(

@@ -261,14 +261,15 @@ async def test_counters_match_a_full_recount(
     )
     assert totals == per_channel and sum(n for _, n in totals) == 30
     # A store from before the totals existed gets them from its counters when it migrates.
+    from inboxd.store.schema import MIGRATIONS
+
     old = sqlite3.connect(store.path, isolation_level=None)
     old.executescript(
         "BEGIN IMMEDIATE; DROP TRIGGER conversations_total_insert;"
         " DROP TRIGGER conversations_total_move; DROP TRIGGER conversations_total_delete;"
-        " DROP TABLE channel_conversation_totals; PRAGMA user_version = 6; COMMIT;"
+        f" DROP TABLE channel_conversation_totals; {MIGRATIONS[6]} COMMIT;"
     )
     old.close()
-    Store.open(seeded.data_dir).close()
     migrated = store.read_sync(
         lambda c: sorted(tuple(r) for r in c.execute("SELECT * FROM channel_conversation_totals"))
     )

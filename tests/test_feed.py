@@ -161,12 +161,18 @@ async def test_since_older_than_retention_gets_feed_reset(
 ) -> None:
     await ingest(owner, seeded.sales_id, "15550001", content="old")
     await trio.sleep(8 * 86400)
+    # Housekeeping has pruned the journal past feed.retention (7 days) meanwhile.
+    gone = (await owner.get("/api/v1/inbox/events")).json()
+    assert gone == {"events": [], "nextAfter": 0, "hasMore": False, "reset": True}
     async with feed(base_url, seeded.owner_key, since=0) as ws:
         (reset,) = await frames(ws, 1)
         assert reset == {"type": "feed.reset"}
         await ingest(owner, seeded.sales_id, "15550001", content="new")
         (live,) = await frames(ws, 1)
         assert live["data"]["content"] == "new"
+    after = (await owner.get("/api/v1/inbox/events", params={"after": live["seq"] - 1})).json()
+    assert [e["data"]["content"] for e in after["events"]] == ["new"]
+    assert "reset" not in after  # nothing after that seq was pruned
 
 
 async def test_revoking_a_key_closes_its_sockets(

@@ -232,3 +232,87 @@ async def test_the_loop_is_never_held_much_past_the_inline_budget(tmp_path: Path
         assert max(gaps) < 0.05, max(gaps)
     finally:
         store.close()
+
+
+def test_the_journal_is_pruned_only_where_nothing_owes_delivery(tmp_path: Path) -> None:
+    from inboxd.store import webhooks
+
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    day = 86_400_000_000
+    try:
+
+        def event_at(at: int) -> int:
+            return store.write_sync(lambda c: events.append(c, 1, None, "test.event", {}, at))
+
+        old = [event_at(day * i) for i in range(1, 11)]  # days 1-10
+        new = [event_at(day * 20 + i) for i in range(3)]  # day 20
+        seqs = lambda: store.read_sync(  # noqa: E731
+            lambda c: [r[0] for r in c.execute("SELECT seq FROM events ORDER BY seq")]
+        )
+        # An inbox webhook that has delivered up to old[3], a delivery log row for old[2], and a
+        # redelivery queued for old[7]: pruning before day 15 stops at old[3].
+        store.write_sync(
+            lambda c: c.execute(
+                "INSERT INTO inbox_webhooks (account_pk, url, secret, created_at, updated_at,"
+                " delivered_seq) VALUES (1, 'https://x.example/h', 's', 0, 0, ?)",
+                (old[3],),
+            )
+        )
+        store.write_sync(
+            webhooks.record_attempt,
+            1,
+            webhooks.Attempt(old[2], "dlv_1", 1, "delivered", 200, None, 1.0, day * 3),
+            None,
+        )
+        store.write_sync(lambda c: webhooks.queue_redelivery(c, 1, _event_id(c, old[7]), 0))
+        assert store.write_sync(events.prune, day * 15, 100) == 4
+        assert seqs() == old[4:] + new
+        assert store.read_sync(events.pruned_through) == old[3]
+        assert store.read_sync(lambda c: c.execute("SELECT count(*) FROM webhook_deliveries")
+                               .fetchone()[0]) == 0  # fmt: skip
+        # The webhook catches up: pruning goes on up to the queued redelivery, in batches.
+        store.write_sync(
+            lambda c: c.execute("UPDATE inbox_webhooks SET delivered_seq = ?", (new[-1],))
+        )
+        assert store.write_sync(events.prune, day * 15, 2) == 2
+        assert store.write_sync(events.prune, day * 15, 2) == 1
+        assert store.write_sync(events.prune, day * 15, 2) == 0
+        assert seqs() == old[7:] + new
+        # With the redelivery done, everything before the cut-off goes, nothing after it.
+        store.write_sync(lambda c: c.execute("DELETE FROM webhook_redeliveries"))
+        assert store.write_sync(events.prune, day * 15, 100) == 3
+        assert seqs() == new
+        assert store.read_sync(events.pruned_through) == old[-1]
+    finally:
+        store.close()
+
+
+def _event_id(conn: sqlite3.Connection, seq: int) -> str:
+    return str(conn.execute("SELECT id FROM events WHERE seq = ?", (seq,)).fetchone()[0])
+
+
+def test_a_delivering_channel_webhook_url_holds_the_journal(tmp_path: Path) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        seqs = [
+            store.write_sync(lambda c, i=i: events.append(c, 1, 1, "test.event", {}, i + 1))
+            for i in range(6)
+        ]
+
+        def url(state: str, delivered: int) -> None:
+            store.write_sync(
+                lambda c: c.execute(
+                    "INSERT INTO channel_webhook_urls (channel_pk, url, position, state,"
+                    " delivered_seq, created_at, updated_at) VALUES (1, ?, 0, ?, ?, 0, 0)",
+                    (f"https://{state}.example/h", state, delivered),
+                )
+            )
+
+        url("delivering", seqs[1])
+        url("paused", 0)  # a paused URL keeps only its backlog_retention: it holds nothing
+        assert store.write_sync(events.prune, 1_000, 100) == 2
+        assert store.read_sync(events.pruned_through) == seqs[1]
+    finally:
+        store.close()

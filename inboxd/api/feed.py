@@ -132,7 +132,12 @@ async def _replay(client: FeedClient, since: int) -> int:
     retention_us = round(state().config.feed.retention * 1_000_000)
     first = await store.read(events.read_after, client.who.account_pk, since, 1)
     end = await store.read(events.last_seq)
-    if since > end or (first and first[0].created_at < now_us() - retention_us):
+    pruned = await store.read(events.pruned_through)
+    if (
+        since > end
+        or since < pruned  # events after it were pruned
+        or (first and first[0].created_at < now_us() - retention_us)
+    ):
         await websocket.send(RESET_FRAME)  # the gap cannot be filled: the client refetches
         return end
     last = since
@@ -170,5 +175,8 @@ async def list_events() -> Response:
         if has_more or len(batch) < REPLAY_BATCH:
             break
     more = "true" if has_more else "false"
-    body = f'{{"events":[{",".join(frames)}],"nextAfter":{last},"hasMore":{more}}}'
+    # Events after ``after`` that were pruned (older than feed.retention) are gone: say so, as
+    # the feed's feed.reset does, so the client refetches the state it keeps.
+    reset = ',"reset":true' if after < await store.read(events.pruned_through) else ""
+    body = f'{{"events":[{",".join(frames)}],"nextAfter":{last},"hasMore":{more}{reset}}}'
     return Response(body, content_type="application/json")

@@ -85,6 +85,47 @@ def append(
     return seq
 
 
+def pruned_through(conn: sqlite3.Connection) -> int:
+    """Every event with a seq up to this one has been pruned (0: none ever was)."""
+    return int(conn.execute("SELECT through FROM journal_pruned").fetchone()[0])
+
+
+_NO_BOUND: Final = 2**63 - 1
+
+
+def prune(conn: sqlite3.Connection, before: int, limit: int) -> int:
+    """Delete up to ``limit`` of the oldest events created before ``before`` (a time, in us),
+    with their delivery-log rows; returns how many went.
+
+    Never an event that something still owes: the inbox webhooks' cursors, the cursors of
+    channel webhook URLs that are delivering, and queued redeliveries bound what may go. Paused
+    and disabled URLs keep only channel_webhooks.backlog_retention (shorter than the feed's).
+    """
+    bound = conn.execute(
+        "SELECT min(s) FROM ("
+        " SELECT min(delivered_seq) AS s FROM inbox_webhooks"
+        " UNION ALL SELECT min(delivered_seq) FROM channel_webhook_urls WHERE state = 'delivering'"
+        " UNION ALL SELECT min(event_seq) - 1 FROM webhook_redeliveries)"
+    ).fetchone()[0]
+    # The first event at or after the cut-off (its index); everything before it is older.
+    first_kept = conn.execute(
+        "SELECT seq FROM events WHERE created_at >= ? ORDER BY created_at, seq LIMIT 1", (before,)
+    ).fetchone()
+    below = _NO_BOUND if first_kept is None else int(first_kept[0])
+    if bound is not None:
+        below = min(below, int(bound) + 1)
+    rows = conn.execute(
+        "SELECT seq FROM events WHERE seq < ? ORDER BY seq LIMIT ?", (below, limit)
+    ).fetchall()
+    if not rows:
+        return 0
+    through = int(rows[-1][0])
+    conn.execute("DELETE FROM webhook_deliveries WHERE event_seq <= ?", (through,))
+    deleted = conn.execute("DELETE FROM events WHERE seq <= ?", (through,)).rowcount
+    conn.execute("UPDATE journal_pruned SET through = max(through, ?)", (through,))
+    return int(deleted)
+
+
 def last_seq(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
 

@@ -479,4 +479,14 @@ BEGIN
 END;
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+_V9: Final = """
+-- The journal is pruned past feed.retention (events.prune): what points into it needs an index
+-- for the deletes, and the highest seq pruned so far tells a client resuming from before it
+-- that it missed events (feed.reset).
+CREATE INDEX webhook_deliveries_event ON webhook_deliveries(event_seq);
+CREATE INDEX webhook_redeliveries_event ON webhook_redeliveries(event_seq);
+CREATE TABLE journal_pruned (only INTEGER PRIMARY KEY CHECK (only = 1), through INTEGER NOT NULL);
+INSERT INTO journal_pruned VALUES (1, 0);
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
