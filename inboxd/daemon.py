@@ -157,12 +157,18 @@ async def run(
                 config.channel_webhooks,
                 clock,
                 base_url=config.server.public_url or urls[0],
+                metrics=app_state.metrics,
             )
             await nursery.start(hub.run)
             app_state.channel_hub = hub
             for account_pk in await store.read(webhooks.account_pks):
                 deliverer = InboxWebhookDeliverer(
-                    store, client, config.inbox_webhook, account_pk, clock
+                    store,
+                    client,
+                    config.inbox_webhook,
+                    account_pk,
+                    clock,
+                    metrics=app_state.metrics,
                 )
                 await nursery.start(deliverer.run)
             log.info("listening", extra={"urls": urls, "data": str(data_dir)})

@@ -29,6 +29,7 @@ from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.errors import InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import FeedHub
+from inboxd.metrics import Metrics
 from inboxd.model import Principal
 from inboxd.store import accounts, idempotency
 from inboxd.store.db import IDEMPOTENT_WRITE, Store
@@ -66,6 +67,7 @@ class AppState:
     # Set by the daemon once the channel webhook hub runs; routes ask it to reconcile.
     channel_hub: ChannelWebhookHub | None = None
     feed_hub: FeedHub | None = None
+    metrics: Metrics = attrs.Factory(Metrics)
     # key pk -> last time it was used; flushed to the store by the daemon now and then, so that a
     # request does not pay for a write just to record lastUsedAt.
     key_usage: dict[int, int] = attrs.Factory(dict)
@@ -237,18 +239,21 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
     @app.after_request
     async def log_access(response: Response) -> Response:
         await _idempotency_complete(response)
-        if not access_log.isEnabledFor(logging.INFO):
-            return response
         started = getattr(g, "started", None)
-        access_log.info(
-            "request",
-            extra={
-                "method": request.method,
-                "path": request.path,
-                "status": response.status_code,
-                "ms": None if started is None else round((time.perf_counter() - started) * 1000, 2),
-            },
-        )
+        took = 0.0 if started is None else time.perf_counter() - started
+        rule = request.url_rule
+        route = "unmatched" if rule is None else rule.rule
+        state().metrics.observe_request(route, request.method, response.status_code, took)
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "request",
+                extra={
+                    "method": request.method,
+                    "path": request.path,
+                    "status": response.status_code,
+                    "ms": round(took * 1000, 2),
+                },
+            )
         return response
 
     @app.errorhandler(InboxError)

@@ -1,4 +1,4 @@
-"""Operational routes without a key: liveness and readiness (CONTRACT section 9)."""
+"""Operational routes without a key: liveness, readiness and metrics (CONTRACT section 9)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from quart import Blueprint, Response
 
 from inboxd.api.app import state
 from inboxd.api.http import json_response
+from inboxd.metrics import CONTENT_TYPE
+from inboxd.store import channel_webhooks
 from inboxd.store.db import schema_version
 from inboxd.store.schema import MIGRATIONS
 
@@ -27,3 +29,15 @@ async def readyz() -> Response:
     if not st.ready or version != len(MIGRATIONS):
         return json_response({"status": "unavailable", "schemaVersion": version}, 503)
     return json_response({"status": "ready", "schemaVersion": version})
+
+
+@blueprint.get("/metrics")
+async def metrics() -> Response:
+    """Prometheus text format; URL states are counted in the store when scraped."""
+    st = state()
+    body = st.metrics.exposition(
+        url_states=await st.store.read(channel_webhooks.count_by_state),
+        feed_clients=0 if st.feed_hub is None else len(st.feed_hub.clients),
+        supervisors=0 if st.channel_hub is None else st.channel_hub.supervisors,
+    )
+    return Response(body, content_type=CONTENT_TYPE)

@@ -332,3 +332,11 @@ def unsubscribe(conn: sqlite3.Connection, channel_id: str, token: str, now: int)
         return False
     set_notify_email(conn, row["channel_pk"], False, now)
     return True
+
+
+def count_by_state(conn: sqlite3.Connection) -> dict[str, int]:
+    """URLs per delivery state (for /metrics)."""
+    return {
+        str(r[0]): int(r[1])
+        for r in conn.execute("SELECT state, count(*) FROM channel_webhook_urls GROUP BY state")
+    }

@@ -33,6 +33,7 @@ import trio
 from inboxd import ids
 from inboxd.clock import Clock
 from inboxd.config import ChannelWebhooksConfig
+from inboxd.metrics import Metrics
 from inboxd.store import channel_webhooks as cw
 from inboxd.store.db import Appended, CommitSignal, Store
 from inboxd.store.events import JournalEvent, encode_envelope
@@ -68,7 +69,9 @@ class ChannelWebhookHub:
         config: ChannelWebhooksConfig,
         clock: Clock,
         base_url: str,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.store = store
         self.client = client
         self.clock = clock
@@ -186,6 +189,13 @@ class UrlSupervisor:
                 self._delivery = (head.seq, ids.new_id("dlv"))
             delivery_id = self._delivery[1]
         outcome = await post_event(hub.client, row.url, secret, body, type_, delivery_id)
+        if hub.metrics is not None:
+            hub.metrics.channel_deliveries.labels(
+                "probe" if head is None else "event",
+                "delivered"
+                if outcome.status is not None and 200 <= outcome.status < 300
+                else "failed",
+            ).inc()
         now = hub.clock.now_us()
         decision = decide(row.state, classify(outcome.status, outcome.error), now, hub.policy)
         advance_to = head.seq if decision.advance and head is not None else None

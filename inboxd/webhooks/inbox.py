@@ -32,6 +32,7 @@ import trio
 from inboxd import ids
 from inboxd.clock import Clock
 from inboxd.config import InboxWebhookConfig
+from inboxd.metrics import Metrics
 from inboxd.store import webhooks
 from inboxd.store.db import Store
 from inboxd.webhooks.client import Outcome, post_event
@@ -63,7 +64,9 @@ class InboxWebhookDeliverer:
         account_pk: int,
         clock: Clock,
         rng: random.Random | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self._clock = clock
         self._store = store
         self._client = client
@@ -151,6 +154,8 @@ class InboxWebhookDeliverer:
                 duration_ms=outcome.duration_ms,
                 at=self._clock.now_us(),
             )
+            if self._metrics is not None:
+                self._metrics.inbox_deliveries.labels(result).inc()
             recorded = self._record(record, work.redelivery_pk)
             if result != "failed" and work.redelivery_pk is None:
                 self._cursor = max(self._cursor, event.seq)  # on to the next one meanwhile

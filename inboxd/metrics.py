@@ -1,0 +1,75 @@
+"""Prometheus metrics for ``GET /metrics`` (CONTRACT section 9), one registry per daemon.
+
+Counted as things happen: HTTP requests by route, method and status with a latency histogram per
+route, inbox webhook attempts by outcome, channel webhook attempts by outcome. Read when scraped:
+channel webhook URLs by state (from the store), open feed clients, webhook supervisors.
+
+Routes are labelled by their rule (``/api/v1/inbox/conversations/<conversation_id>``), never by
+the path a client sent, so the number of series stays fixed; a path no rule matches is
+``unmatched``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+# Seconds: the API's answers take from a fraction of a millisecond to a few hundred (search).
+LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+URL_STATES: Final = ("delivering", "paused", "disabled")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "inboxd_http_requests",
+            "HTTP requests answered, by route, method and status.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "inboxd_http_request_duration_seconds",
+            "Time from the request's arrival in the app to its response, by route.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inbox_deliveries = Counter(
+            "inboxd_inbox_webhook_deliveries",
+            "Inbox webhook attempts by outcome (delivered, failed: will retry, given_up).",
+            ["outcome"],
+            registry=r,
+        )
+        self.channel_deliveries = Counter(
+            "inboxd_channel_webhook_deliveries",
+            "Channel webhook attempts by kind (event, probe) and outcome (delivered, failed).",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.url_states = Gauge(
+            "inboxd_channel_webhook_urls",
+            "Channel webhook URLs by state, read from the store when scraped.",
+            ["state"],
+            registry=r,
+        )
+        self.feed_clients = Gauge("inboxd_feed_clients", "Open websocket feed clients.", registry=r)
+        self.supervisors = Gauge(
+            "inboxd_channel_webhook_supervisors",
+            "Running channel webhook URL supervisor tasks.",
+            registry=r,
+        )
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def exposition(self, url_states: dict[str, int], feed_clients: int, supervisors: int) -> bytes:
+        for state in URL_STATES:
+            self.url_states.labels(state).set(url_states.get(state, 0))
+        self.feed_clients.set(feed_clients)
+        self.supervisors.set(supervisors)
+        return generate_latest(self.registry)

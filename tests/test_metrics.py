@@ -1,0 +1,103 @@
+"""GET /metrics (CONTRACT section 9): Prometheus text, no key; requests, deliveries, URL states and
+feed clients, each read from the running daemon."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+import trio
+
+from inboxd.config import Config
+from tests.conftest import Seed, ingest, webhook_config
+from tests.receiver import Certs, Receiver
+from tests.test_feed import feed
+
+CONV = "/api/v1/inbox/conversations"
+_SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+
+
+@pytest.fixture
+def config(certs: Certs) -> Config:
+    return webhook_config(certs)
+
+
+async def scrape(anon: httpx.AsyncClient) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    response = await anon.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in response.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        assert match, line
+        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match["labels"] or ""))
+        samples[(match["name"], labels)] = float(match["value"])
+    return samples
+
+
+def value(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+async def test_requests_are_counted_by_route_method_and_status(
+    owner: httpx.AsyncClient, anon: httpx.AsyncClient, seeded: Seed
+) -> None:
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="hi"))["conversationId"]
+    for _ in range(3):
+        assert (await owner.get(CONV)).status_code == 200
+    assert (await owner.get(f"{CONV}/{conv}")).status_code == 200
+    assert (await owner.get(f"{CONV}/conv_nope")).status_code == 404
+    assert (await anon.get("/no/such/path")).status_code == 404
+    samples = await scrape(anon)
+    requests = "inboxd_http_requests_total"
+    one = "/api/v1/inbox/conversations/<conversation_id>"
+    assert value(samples, requests, route=CONV, method="GET", status="200") == 3
+    assert value(samples, requests, route=one, method="GET", status="200") == 1
+    assert value(samples, requests, route=one, method="GET", status="404") == 1
+    assert value(samples, requests, route="unmatched", method="GET", status="404") == 1
+    latency = "inboxd_http_request_duration_seconds"
+    assert value(samples, f"{latency}_count", route=CONV) == 3
+    assert value(samples, f"{latency}_bucket", route=CONV, le="+Inf") == 3
+    assert 0 < value(samples, f"{latency}_sum", route=CONV) < 3
+    # The scrape itself is counted by the next one.
+    again = await scrape(anon)
+    assert value(again, requests, route="/metrics", method="GET", status="200") == 1
+
+
+async def test_deliveries_url_states_and_feed_clients(
+    owner: httpx.AsyncClient,
+    anon: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+    base_url: str,
+) -> None:
+    assert (await owner.put("/api/v1/inbox/webhook", json={"url": receiver.url})).status_code == 200
+    saved = await owner.post(
+        f"/api/v1/channels/{seeded.sales_id}/webhook", json={"urls": [receiver.url]}
+    )
+    assert saved.status_code == 200, saved.text
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="hi"))["conversationId"]
+    await owner.post(f"{CONV}/{conv}/block")
+    await receiver.wait_for(2, within=10)  # the message (channel URL) and the block (inbox)
+    async with feed(base_url, seeded.owner_key) as ws:
+        with trio.fail_after(10):
+            while True:
+                samples = await scrape(anon)
+                if value(samples, "inboxd_inbox_webhook_deliveries_total", outcome="delivered"):
+                    break
+                await trio.sleep(0.01)
+        assert value(samples, "inboxd_feed_clients") == 1
+        await ws.ping()
+    assert value(samples, "inboxd_inbox_webhook_deliveries_total", outcome="delivered") == 1
+    assert (
+        value(samples, "inboxd_channel_webhook_deliveries_total", kind="event", outcome="delivered")
+        == 1
+    )
+    assert value(samples, "inboxd_channel_webhook_urls", state="delivering") == 1
+    assert value(samples, "inboxd_channel_webhook_urls", state="paused") == 0
+    assert value(samples, "inboxd_channel_webhook_supervisors") == 1
