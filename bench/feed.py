@@ -53,7 +53,7 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
         cwd=ROOT,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=None if os.environ.get("BENCH_DAEMON_STDERR") else subprocess.DEVNULL,
     )
 
 

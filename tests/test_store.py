@@ -10,9 +10,9 @@ from typing import Any
 import trio
 import trio.lowlevel
 
-from inboxd.errors import Conflict
+from inboxd.errors import Conflict, ServiceUnavailable
 from inboxd.store import events
-from inboxd.store.db import Appended, Store
+from inboxd.store.db import Appended, ReaderConnection, Store
 from tests.conftest import seed_store
 
 
@@ -314,5 +314,49 @@ def test_a_delivering_channel_webhook_url_holds_the_journal(tmp_path: Path) -> N
         url("paused", 0)  # a paused URL keeps only its backlog_retention: it holds nothing
         assert store.write_sync(events.prune, 1_000, 100) == 2
         assert store.read_sync(events.pruned_through) == seqs[1]
+    finally:
+        store.close()
+
+
+def past_deadline_then(conn: sqlite3.Connection, how: str) -> int:
+    """A read whose deadline passes while it runs: in the middle of reading rows (SQLite
+    interrupts it with a statement still open), or just before it fails, or returns."""
+    assert isinstance(conn, ReaderConnection)
+    rows = conn.execute(
+        "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 10000000)"
+        " SELECT i FROM c"
+    )
+    rows.fetchone()
+    rows.close()
+    # SQLite calls the handler every N steps of a statement, counted over all its runs, so now
+    # and then it falls inside the COMMIT; make it every step to be sure it does here.
+    conn.set_progress_handler(conn._past_deadline, 1)
+    conn.deadline = 0.0  # anything SQLite does from here on is past it
+    if how == "reading":
+        conn.execute("SELECT count(*) FROM (SELECT 1 UNION ALL SELECT 2)").fetchall()
+    if how == "failing":
+        raise Conflict("gave up", code="test")
+    return 1
+
+
+async def test_an_interrupted_read_never_leaves_its_connection_in_a_transaction(
+    tmp_path: Path,
+) -> None:
+    """Under load a read overran its budget at its very end: the COMMIT was interrupted, the
+    inline connection stayed inside the transaction, and every later read failed with 'cannot
+    start a transaction within a transaction' (500s). Each way out must leave it clean."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        for how in ("reading", "failing", "returning"):
+            try:
+                await store.read(past_deadline_then, how)
+            except (Conflict, ServiceUnavailable):
+                assert how != "returning"
+            assert not store._inline.in_transaction
+            assert not any(r.in_transaction for r in store._readers)
+            for _ in range(3):
+                assert await store.read(count_to, 10) == 10
+        assert not store._inline.in_transaction
     finally:
         store.close()

@@ -179,15 +179,35 @@ def _too_long() -> ServiceUnavailable:
 def run_in_transaction(
     conn: sqlite3.Connection, begin: str, fn: Callable[..., T], *args: object
 ) -> T:
+    """``fn`` inside BEGIN ... COMMIT; whatever fails (``fn``, or the COMMIT itself), the
+    connection leaves the transaction.
+
+    A read's deadline is lifted once ``fn`` is done: SQLite calls the progress handler every N
+    steps of a statement counted over all its runs, so now and then it fires inside a COMMIT;
+    a read whose work was over when its deadline passed must not be interrupted there (this
+    once left a reader stuck in its transaction, failing every later read)."""
+    if conn.in_transaction:  # never expected; a connection stuck in one would fail every call
+        _rollback(conn)
     conn.execute(begin)
     try:
         result = fn(conn, *args)
+        _lift_deadline(conn)
+        conn.execute("COMMIT")
     except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
-    conn.execute("COMMIT")
     return result
+
+
+def _lift_deadline(conn: sqlite3.Connection) -> None:
+    if isinstance(conn, ReaderConnection):
+        conn.deadline = conn.cpu_deadline = float("inf")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    _lift_deadline(conn)  # the deadline that interrupted a read must not interrupt its rollback
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
 
 
 # (user pk, Idempotency-Key) of the request whose next write is its change (see Store.write).
