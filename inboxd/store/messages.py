@@ -26,7 +26,16 @@ from inboxd.model import (
 from inboxd.store import conversations, events
 from inboxd.store.accounts import visible_channel
 
-_SELECT: Final = """
+# What a message row is read with: its conversation, channel, author and quoted message.
+_FROM: Final = """FROM messages m
+JOIN conversations c ON c.pk = m.conversation_pk
+JOIN channels ch ON ch.pk = m.channel_pk
+LEFT JOIN users a ON a.pk = m.author_user_pk
+LEFT JOIN messages q ON q.pk = m.quoted_message_pk
+LEFT JOIN conversations qc ON qc.pk = q.conversation_pk
+LEFT JOIN contacts qct ON qct.pk = qc.contact_pk"""
+
+_SELECT: Final = f"""
 SELECT m.pk, m.id, c.id AS conversation_id, ch.id AS channel_id, m.channel_pk, m.direction,
        m.type, m.content, m.media_url, m.media_type, m.file_name, m.file_size, m.media_duration,
        m.thumbnail_url, m.template_name, m.template_language, m.status, m.external_id, m.sent_at,
@@ -37,13 +46,7 @@ SELECT m.pk, m.id, c.id AS conversation_id, ch.id AS channel_id, m.channel_pk, m
        q.media_url AS q_media_url, q.file_name AS q_file_name,
        qct.name AS q_contact_name, qct.phone_number AS q_contact_phone,
        m.latitude, m.longitude
-FROM messages m
-JOIN conversations c ON c.pk = m.conversation_pk
-JOIN channels ch ON ch.pk = m.channel_pk
-LEFT JOIN users a ON a.pk = m.author_user_pk
-LEFT JOIN messages q ON q.pk = m.quoted_message_pk
-LEFT JOIN conversations qc ON qc.pk = q.conversation_pk
-LEFT JOIN contacts qct ON qct.pk = qc.contact_pk
+{_FROM}
 """
 
 PREVIEW_CHARS: Final = 200
@@ -140,13 +143,7 @@ SELECT m.pk, m.created_at, m.media_duration, m.latitude, m.longitude, json_objec
                                'contactPhone', qct.phone_number, 'mediaUrl', q.media_url,
                                'fileName', q.file_name) END,
     'latitude', NULL, 'longitude', NULL)
-FROM messages m
-JOIN conversations c ON c.pk = m.conversation_pk
-JOIN channels ch ON ch.pk = m.channel_pk
-LEFT JOIN users a ON a.pk = m.author_user_pk
-LEFT JOIN messages q ON q.pk = m.quoted_message_pk
-LEFT JOIN conversations qc ON qc.pk = q.conversation_pk
-LEFT JOIN contacts qct ON qct.pk = qc.contact_pk
+{_FROM}
 """
 
 
