@@ -297,7 +297,11 @@ def test_a_delivering_channel_webhook_url_holds_the_journal(tmp_path: Path) -> N
     store = Store.open(seed.data_dir)
     try:
         seqs = [
-            store.write_sync(lambda c, i=i: events.append(c, 1, 1, "test.event", {}, i + 1))
+            store.write_sync(
+                lambda c, i=i: events.append(
+                    c, 1, 1, "test.event", {}, i + 1, for_channel_webhooks=True
+                )
+            )
             for i in range(6)
         ]
 
@@ -314,6 +318,10 @@ def test_a_delivering_channel_webhook_url_holds_the_journal(tmp_path: Path) -> N
         url("paused", 0)  # a paused URL keeps only its backlog_retention: it holds nothing
         assert store.write_sync(events.prune, 1_000, 100) == 2
         assert store.read_sync(events.pruned_through) == seqs[1]
+        # A URL of a quiet channel sits far back but is owed nothing: it holds nothing either.
+        store.write_sync(lambda c: c.execute("UPDATE channel_webhook_urls SET channel_pk = 2"))
+        store.write_sync(lambda c: c.execute("UPDATE channel_webhook_urls SET delivered_seq = 0"))
+        assert store.write_sync(events.prune, 1_000, 100) == 4
     finally:
         store.close()
 

@@ -97,14 +97,20 @@ def prune(conn: sqlite3.Connection, before: int, limit: int) -> int:
     """Delete up to ``limit`` of the oldest events created before ``before`` (a time, in us),
     with their delivery-log rows; returns how many went.
 
-    Never an event that something still owes: the inbox webhooks' cursors, the cursors of
-    channel webhook URLs that are delivering, and queued redeliveries bound what may go. Paused
+    Never an event that something still owes: the oldest event an inbox webhook or a delivering
+    channel webhook URL has not had yet, and queued redeliveries, bound what may go. Paused
     and disabled URLs keep only channel_webhooks.backlog_retention (shorter than the feed's).
     """
+    # The last seq before the oldest event something still owes (a cursor itself can sit far
+    # back: a quiet channel's URL or an account with only messages never moves it).
     bound = conn.execute(
         "SELECT min(s) FROM ("
-        " SELECT min(delivered_seq) AS s FROM inbox_webhooks"
-        " UNION ALL SELECT min(delivered_seq) FROM channel_webhook_urls WHERE state = 'delivering'"
+        " SELECT (SELECT min(e.seq) FROM events e WHERE e.account_pk = w.account_pk"
+        f"  AND e.seq > w.delivered_seq AND {WEBHOOK_TYPES_SQL}) - 1 AS s FROM inbox_webhooks w"
+        " UNION ALL"
+        " SELECT (SELECT min(e.seq) FROM events e WHERE e.channel_pk = u.channel_pk"
+        "  AND e.for_channel_webhooks = 1 AND e.seq > u.delivered_seq) - 1"
+        " FROM channel_webhook_urls u WHERE u.state = 'delivering'"
         " UNION ALL SELECT min(event_seq) - 1 FROM webhook_redeliveries)"
     ).fetchone()[0]
     # The first event at or after the cut-off (its index); everything before it is older.
