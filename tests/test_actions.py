@@ -360,6 +360,12 @@ class ActionsMachine(RuleBasedStateMachine):
         )
         assert system == conv_events == self.changes
         assert len(counted) == 1 and counted[0][0] == self.model["status"]
+        per_account = self.store.read_sync(
+            lambda c: c.execute(
+                "SELECT status, assignee_pk FROM account_conversation_counts WHERE n <> 0"
+            ).fetchall()
+        )
+        assert [tuple(r) for r in per_account] == [tuple(counted[0])]
 
 
 TestActionsMachine = ActionsMachine.TestCase

@@ -274,6 +274,29 @@ async def test_counters_match_a_full_recount(
         lambda c: sorted(tuple(r) for r in c.execute("SELECT * FROM channel_conversation_totals"))
     )
     assert migrated == per_channel
+    # The owner's counters per account (schema v10) hold the same figures, and a store from
+    # before them gets them from its conversations when it migrates.
+    per_account_sql = (
+        "SELECT account_pk, status, coalesce(assigned_to_pk, 0), count(*)"
+        " FROM conversations GROUP BY 1, 2, 3"
+    )
+    kept_sql = "SELECT * FROM account_conversation_counts WHERE n > 0"
+    totals_sql = "SELECT * FROM account_conversation_totals"
+    per_account = store.read_sync(lambda c: sorted(tuple(r) for r in c.execute(per_account_sql)))
+    assert store.read_sync(lambda c: sorted(tuple(r) for r in c.execute(kept_sql))) == per_account
+    account_total = store.read_sync(lambda c: [tuple(r) for r in c.execute(totals_sql)])
+    assert account_total == [(per_account[0][0], 30)]
+    old = sqlite3.connect(store.path, isolation_level=None)
+    old.executescript(
+        "BEGIN IMMEDIATE; DROP TRIGGER conversations_account_count_insert;"
+        " DROP TRIGGER conversations_account_count_update;"
+        " DROP TRIGGER conversations_account_count_delete;"
+        " DROP TABLE account_conversation_counts; DROP TABLE account_conversation_totals;"
+        f" {MIGRATIONS[9]} COMMIT;"
+    )
+    old.close()
+    assert store.read_sync(lambda c: sorted(tuple(r) for r in c.execute(kept_sql))) == per_account
+    assert store.read_sync(lambda c: [tuple(r) for r in c.execute(totals_sql)]) == account_total
 
 
 async def test_read_one_has_contact_assignee_channel_type_and_phone(

@@ -355,16 +355,23 @@ def search(
 
 
 def counts(conn: sqlite3.Connection, who: Principal, channel_id: str | None) -> Counts:
-    """mine_open, unassigned and all, read from the trigger-maintained counters."""
+    """mine_open, unassigned and all, read from the trigger-maintained counters: per account for
+    a key that sees the whole account (schema v10), else per channel it can open."""
+    if channel_id is None and who.channel_pks is None:
+        row = conn.execute(
+            "SELECT"
+            " (SELECT n FROM account_conversation_counts"
+            "   WHERE account_pk = ?1 AND status = ?2 AND assignee_pk = ?3),"
+            " (SELECT n FROM account_conversation_counts"
+            "   WHERE account_pk = ?1 AND status = ?2 AND assignee_pk = 0),"
+            " (SELECT n FROM account_conversation_totals WHERE account_pk = ?1)",
+            (who.account_pk, OPEN, who.user_pk),
+        ).fetchone()
+        return Counts(mine_open=row[0] or 0, unassigned=row[1] or 0, all=row[2] or 0)
     if channel_id is not None:
         channel_pks = [visible_channel(conn, who, channel_id).pk]
-    elif who.channel_pks is None:
-        channel_pks = [
-            r[0]
-            for r in conn.execute("SELECT pk FROM channels WHERE account_pk = ?", (who.account_pk,))
-        ]
     else:
-        channel_pks = sorted(who.channel_pks)
+        channel_pks = sorted(who.channel_pks or ())
     if not channel_pks:
         return Counts(mine_open=0, unassigned=0, all=0)
     marks = ",".join("?" * len(channel_pks))
