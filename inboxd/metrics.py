@@ -23,6 +23,9 @@ URL_STATES: Final = ("delivering", "paused", "disabled")
 
 class Metrics:
     def __init__(self) -> None:
+        # (route, method, status) -> the two series a request moves; routes are rules, so this
+        # stays as small as the metric's own series.
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -64,8 +67,16 @@ class Metrics:
         )
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:
+            # labels() takes a lock and builds its key each time: look each series up once.
+            children = self._request_children[key] = (
+                self.requests.labels(route, method, str(status)),
+                self.latency.labels(route),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def exposition(self, url_states: dict[str, int], feed_clients: int, supervisors: int) -> bytes:
         for state in URL_STATES:

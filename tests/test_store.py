@@ -4,14 +4,16 @@ atomic on its own, fails on its own and is acknowledged only once durable."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.lowlevel
 
 from inboxd.errors import Conflict, ServiceUnavailable
-from inboxd.store import events
+from inboxd.store import db, events
 from inboxd.store.db import Appended, ReaderConnection, Store
 from tests.conftest import seed_store
 
@@ -187,8 +189,10 @@ def count_to(conn: sqlite3.Connection, n: int) -> int:
 
 
 async def test_short_reads_stay_on_the_loop_and_long_ones_move_to_a_thread(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # "For a while" outlasts the long read however slow the machine (it takes ~1.5 s here).
+    monkeypatch.setattr(db, "INLINE_BACKOFF_SECONDS", 60.0)
     seed = seed_store(tmp_path / "data")
     store = Store.open(seed.data_dir)
     try:
@@ -367,4 +371,90 @@ async def test_an_interrupted_read_never_leaves_its_connection_in_a_transaction(
                 assert await store.read(count_to, 10) == 10
         assert not store._inline.in_transaction
     finally:
+        store.close()
+
+
+async def test_writes_run_on_the_loop_and_only_the_commit_leaves_it(tmp_path: Path) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        loop_thread = threading.get_ident()
+        ran_on: list[int] = []
+
+        def where(conn: sqlite3.Connection, n: int) -> int:
+            ran_on.append(threading.get_ident())
+            return append_event(conn, n, False)
+
+        seq = await store.write(where, 1)
+        assert ran_on == [loop_thread] and store.offloaded_batches == 0
+        # Durable once it returns: another connection (another process) sees it.
+        other = sqlite3.connect(store.path)
+        assert other.execute("SELECT max(seq) FROM events").fetchone()[0] == seq
+        other.close()
+    finally:
+        store.close()
+
+
+async def test_a_write_over_the_budget_is_redone_in_a_thread_with_one_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(db, "INLINE_BACKOFF_SECONDS", 60.0)
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        runs: list[int] = []
+
+        def slow_append(conn: sqlite3.Connection, n: int) -> int:
+            runs.append(threading.get_ident())
+            seq = append_event(conn, n, False)
+            assert count_to(conn, 3_000_000) == 3_000_000  # far past the inline budget
+            return seq
+
+        seq = await store.write(slow_append, 1)
+        # Interrupted on the loop (its event undone), then done once in a thread.
+        assert len(runs) == 2 and runs[0] == threading.get_ident() != runs[1]
+        assert store.offloaded_batches == 1
+        bodies = store.read_sync(
+            lambda c: [
+                tuple(r)
+                for r in c.execute("SELECT seq, body FROM events WHERE type = 'test.event'")
+            ]
+        )
+        assert len(bodies) == 1 and bodies[0][0] == seq
+        # That function goes straight to a thread for a while; others stay on the loop.
+        await store.write(slow_append, 2)
+        assert len(runs) == 3 and runs[2] != threading.get_ident()
+        await store.write(append_event, 3, False)
+        assert store.offloaded_batches == 2
+    finally:
+        store.close()
+
+
+async def test_a_write_waits_in_a_thread_while_another_process_holds_the_store(
+    tmp_path: Path,
+) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    other = sqlite3.connect(store.path, isolation_level=None)  # like the CLI writing
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        gaps: list[float] = []
+        result: list[int] = []
+
+        async def write() -> None:
+            result.append(await store.write(append_event, 1, False))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            last = trio.current_time()
+            for _ in range(20):  # the loop stays free while the write waits
+                await trio.sleep(0.01)
+                gaps.append(trio.current_time() - last)
+                last = trio.current_time()
+            assert not result
+            other.execute("COMMIT")
+        assert result and store.offloaded_batches == 1
+        assert max(gaps) < 0.05, max(gaps)
+    finally:
+        other.close()
         store.close()

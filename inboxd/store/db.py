@@ -4,9 +4,12 @@ SQL lives in plain sync functions ``fn(conn, *args)`` (see the sibling modules) 
 tested without trio and called from the CLI. The daemon runs them off the trio loop:
 
 - ``await store.write(fn, ...)`` runs ``fn`` on the single writer connection inside
-  ``BEGIN IMMEDIATE ... COMMIT`` in a worker thread, one at a time (a ``CapacityLimiter(1)``). A state
-  change, its SYSTEM message and its journal event are one call, so they commit together or not at
-  all. The default ``abandon_on_cancel=False`` means a cancelled caller still lets the commit finish.
+  ``BEGIN IMMEDIATE ... COMMIT``, one batch at a time (a ``CapacityLimiter(1)``; writes that wait
+  share the next transaction). A state change, its SYSTEM message and its journal event are one
+  call, so they commit together or not at all. The writes run on the trio thread within the same
+  budget as reads and only the COMMIT (the fsync) goes to a worker thread; a batch that overruns,
+  or finds another process holding the write lock, runs whole in a worker thread instead. The
+  default ``abandon_on_cancel=False`` means a cancelled caller still lets the commit finish.
 - ``await store.read(fn, ...)`` runs ``fn`` inside a read transaction (one consistent snapshot).
   It first runs on the trio thread with a budget: ``INLINE_CPU_SECONDS`` of the thread's CPU time
   (work) or ``INLINE_WALL_SECONDS`` of wall time (waiting on disk, or preempted), whichever comes
@@ -53,6 +56,10 @@ READ_DEADLINE_SECONDS: Final = 5.0
 INLINE_CPU_SECONDS: Final = 0.005
 INLINE_WALL_SECONDS: Final = 0.025
 INLINE_BACKOFF_SECONDS: Final = 1.0
+# SQLite VM steps between deadline checks (BudgetedConnection.check_every): about 0.1 ms of
+# SQLite's work on the trio thread, about 10 ms in a worker thread.
+FINE_STEPS: Final = 10_000
+COARSE_STEPS: Final = 1_000_000
 
 
 def db_path(data_dir: Path) -> Path:
@@ -72,24 +79,23 @@ class Appended:
     body: bytes  # the envelope as committed
 
 
-class JournalConnection(sqlite3.Connection):
-    """The writer's connection: it remembers the events the current transaction appends, so that
-    after the commit the store can wake exactly the tasks that deliver them."""
+class BudgetedConnection(sqlite3.Connection):
+    """A connection whose statements SQLite interrupts past a deadline (its progress handler):
+    wall time (``deadline``, time.monotonic()) or the running thread's CPU time
+    (``cpu_deadline``, time.thread_time()); both infinite when no budget applies."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.appended: list[Appended] = []
+        self.deadline = float("inf")
+        self.cpu_deadline = float("inf")
+        self.check_every(COARSE_STEPS)
 
-
-class ReaderConnection(sqlite3.Connection):
-    """A reader with a deadline: SQLite's progress handler aborts a statement that runs past
-    it, so no read can hold a worker thread (and shutdown) for long."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.deadline = float("inf")  # time.monotonic()
-        self.cpu_deadline = float("inf")  # time.thread_time() of the thread running the read
-        self.set_progress_handler(self._past_deadline, 10_000)
+    def check_every(self, steps: int) -> None:
+        """How many SQLite VM steps between deadline checks: FINE_STEPS on the trio thread
+        (its budget is milliseconds), COARSE_STEPS in a worker thread, where each check is a
+        Python call that must take the GIL from the busy trio thread (up to the switch
+        interval, 5 ms, each time: fine checks made a 1 s read take 15 s there)."""
+        self.set_progress_handler(self._past_deadline, steps)
 
     def _past_deadline(self) -> int:
         if time.monotonic() > self.deadline:
@@ -97,6 +103,31 @@ class ReaderConnection(sqlite3.Connection):
         return (
             1 if self.cpu_deadline != float("inf") and time.thread_time() > self.cpu_deadline else 0
         )
+
+    def lift_deadline(self) -> None:
+        self.deadline = self.cpu_deadline = float("inf")
+
+
+class JournalConnection(BudgetedConnection):
+    """The writer's connection: it remembers the events the current transaction appends, so that
+    after the commit the store can wake exactly the tasks that deliver them. Its budget applies
+    while a batch runs on the trio thread (Store.write)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.appended: list[Appended] = []
+        self.busy_timeout_ms = BUSY_TIMEOUT_MS
+
+    def wait_when_busy(self, ms: int) -> None:
+        """Set how long a BEGIN waits for another process's write lock (only when it changes)."""
+        if self.busy_timeout_ms != ms:
+            self.execute(f"PRAGMA busy_timeout = {ms}")
+            self.busy_timeout_ms = ms
+
+
+class ReaderConnection(BudgetedConnection):
+    """A reader with a deadline: SQLite's progress handler aborts a statement that runs past
+    it, so no read can hold a worker thread (and shutdown) for long."""
 
 
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
@@ -167,6 +198,10 @@ def migrate(conn: sqlite3.Connection) -> int:
     return applied
 
 
+def _interrupted(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "interrupted" in str(exc)
+
+
 def _interrupted_or_busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc)
     return "interrupted" in text or "locked" in text or "busy" in text
@@ -200,8 +235,8 @@ def run_in_transaction(
 
 
 def _lift_deadline(conn: sqlite3.Connection) -> None:
-    if isinstance(conn, ReaderConnection):
-        conn.deadline = conn.cpu_deadline = float("inf")
+    if isinstance(conn, BudgetedConnection):
+        conn.lift_deadline()
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -233,6 +268,7 @@ def _with_mark(fn: Callable[..., T], mark: tuple[int, str]) -> Callable[..., T]:
 class _WriteRequest:
     fn: Callable[..., Any]
     args: tuple[object, ...]
+    kind: Callable[..., Any]  # the function the caller passed (fn may wrap it): backoff's key
     taken: bool = False  # a batch has it (it will run, or has run)
     result: Any = None
     error: BaseException | None = None
@@ -283,6 +319,7 @@ class Store:
         # read to a thread instead) and checks its budget often.
         inline = _reader(self.path)
         inline.execute("PRAGMA busy_timeout = 0")
+        inline.check_every(FINE_STEPS)
         self._inline = inline
         self._inline_backoff: dict[Callable[..., Any], float] = {}
         self.inline_reads = 0  # reads served on the trio thread
@@ -292,6 +329,7 @@ class Store:
         self._write_limiter = trio.CapacityLimiter(1)
         self._pending: list[_WriteRequest] = []
         self.batches = 0  # transactions committed by write(): each holds one or more writes
+        self.offloaded_batches = 0  # batches whose writes ran in a worker thread
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
 
@@ -367,10 +405,11 @@ class Store:
         savepoint marks that key as applied, so a crash before the response is recorded can
         never let a retry apply the change twice."""
         mark = IDEMPOTENT_WRITE.get()
+        kind = fn
         if mark is not None:
             IDEMPOTENT_WRITE.set(None)  # the request's one change; later writes are bookkeeping
             fn = _with_mark(fn, mark)
-        request = _WriteRequest(fn, args)
+        request = _WriteRequest(fn, args, kind)
         self._pending.append(request)
         try:
             await self._write_limiter.acquire()
@@ -385,10 +424,14 @@ class Store:
                     r.taken = True
                 self.batches += 1
                 try:
-                    if self._offload:
-                        await trio.to_thread.run_sync(self._run_batch, batch)
-                    else:
+                    if not self._offload:
                         self._run_batch(batch)
+                    elif self._run_batch_inline(batch):
+                        # The changes are made; only the COMMIT (the fsync) leaves the loop.
+                        await trio.to_thread.run_sync(self._commit_batch, batch)
+                    else:
+                        self.offloaded_batches += 1
+                        await trio.to_thread.run_sync(self._run_batch, batch)
                 finally:
                     self.commits.bump()
                 for r in batch:
@@ -402,34 +445,111 @@ class Store:
     def _run_batch(self, batch: list[_WriteRequest]) -> None:
         """One transaction, a savepoint per write (in a worker thread, or inline on MockClock)."""
         conn = self._writer
+        conn.wait_when_busy(BUSY_TIMEOUT_MS)  # here waiting for another process is fine
+        conn.check_every(COARSE_STEPS if self._offload else FINE_STEPS)
         try:
             conn.execute("BEGIN IMMEDIATE")
+            self._run_writes(batch)
+        except BaseException as exc:
+            self._fail_batch(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._commit_batch(batch)
+
+    def _run_writes(self, batch: list[_WriteRequest]) -> None:
+        """Each write of the batch in its own savepoint, inside the open transaction; a write
+        that raises an ``Exception`` is undone alone and keeps its error."""
+        conn = self._writer
+        try:
             for r in batch:
                 conn.appended = []
                 conn.execute("SAVEPOINT w")
                 try:
                     r.result = r.fn(conn, *r.args)
                 except BaseException as exc:
+                    conn.lift_deadline()  # undoing it must not be interrupted
+                    if not conn.in_transaction:  # SQLite undid the whole (an interrupt does)
+                        raise
                     conn.execute("ROLLBACK TO w")
                     conn.execute("RELEASE w")
-                    r.error = exc
-                    if not isinstance(exc, Exception):
+                    if not isinstance(exc, Exception) or _interrupted(exc):
                         raise
+                    r.error = exc
                 else:
                     conn.execute("RELEASE w")
                     r.appended = conn.appended
-            conn.execute("COMMIT")
+        finally:
+            conn.appended = []
+
+    def _commit_batch(self, batch: list[_WriteRequest]) -> None:
+        """COMMIT the open transaction (in a worker thread: this is where SQLite fsyncs)."""
+        if not self._writer.in_transaction:  # the batch failed as a whole; errors are set
+            return
+        try:
+            self._writer.execute("COMMIT")
         except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            for r in batch:  # nothing of this batch is durable
-                r.appended = []
-                if r.error is None:
-                    r.error = exc
+            self._fail_batch(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _fail_batch(self, batch: list[_WriteRequest], exc: BaseException) -> None:
+        """The transaction failed: roll back; nothing of the batch is durable."""
+        conn = self._writer
+        conn.lift_deadline()
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        for r in batch:
+            r.appended = []
+            if r.error is None:
+                r.error = exc
+
+    def _run_batch_inline(self, batch: list[_WriteRequest]) -> bool:
+        """Make the batch's changes on the trio thread, each write within the inline budget,
+        leaving the transaction open for the caller to commit in a worker thread. False (and
+        nothing done) when the batch must run in a thread instead: another process holds the
+        write lock, or one of its writes overran the budget lately or now.
+
+        Why: in a worker thread, each statement hands the GIL back and forth with the busy trio
+        thread, which cost more than the writes themselves and left the loop idle waiting for
+        them (BENCHMARKS.md); the fsync at COMMIT is the only part that must leave the loop."""
+        now = time.monotonic()
+        if any(self._inline_backoff.get(r.kind, 0.0) > now for r in batch):
+            return False
+        conn = self._writer
+        conn.wait_when_busy(0)  # never wait on the loop: a busy store goes to a thread
+        conn.check_every(FINE_STEPS)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _interrupted_or_busy(exc):
+                return False
+            raise
+        try:
+            for r in batch:
+                conn.deadline = time.monotonic() + INLINE_WALL_SECONDS
+                conn.cpu_deadline = time.thread_time() + INLINE_CPU_SECONDS
+                try:
+                    self._run_writes([r])
+                except sqlite3.OperationalError as exc:
+                    if not _interrupted(exc):
+                        raise
+                    # Over budget: undo the whole batch and let a thread do it; send this
+                    # function's writes there directly for a while.
+                    self._inline_backoff[r.kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
+                    self._fail_batch(batch, exc)
+                    for undone in batch:
+                        undone.result, undone.error = None, None
+                    return False
+        except BaseException as exc:
+            # Not a write's own error (those stay with it): the transaction itself failed.
+            # Its COMMIT will find nothing to commit and leave every error in place.
+            self._fail_batch(batch, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
-            conn.appended = []
+            conn.lift_deadline()
+        return True
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` in one snapshot: on the trio thread within the inline budget,
