@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from inboxd.errors import Conflict, ServiceUnavailable
 from inboxd.store import db, events
@@ -457,4 +458,47 @@ async def test_a_write_waits_in_a_thread_while_another_process_holds_the_store(
         assert max(gaps) < 0.05, max(gaps)
     finally:
         other.close()
+        store.close()
+
+
+async def test_a_leader_cancelled_as_its_batch_starts_still_commits_the_batch(
+    tmp_path: Path,
+) -> None:
+    """A client that goes away just as its write leads a batch (hypercorn cancels the request)
+    must neither drop the other writes of the batch nor leave the writer in a transaction."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        release = trio.Event()
+        leader_scope = trio.CancelScope()
+        results: dict[str, object] = {}
+
+        async def holder(task_status: Any) -> None:
+            await store._write_limiter.acquire()
+            task_status.started()
+            await release.wait()
+            store._write_limiter.release()  # the leader now owns the writer...
+            leader_scope.cancel()  # ...and is cancelled before it runs
+
+        async def leader() -> None:
+            with leader_scope:
+                results["leader"] = await store.write(append_event, 1, False)
+
+        async def follower() -> None:
+            results["follower"] = await store.write(append_event, 2, False)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(holder)
+            nursery.start_soon(leader)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(follower)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert isinstance(results["follower"], int)
+        bodies = store.read_sync(
+            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
+        )
+        assert len(bodies) == 2  # the leader's write committed too, as the store promises
+        assert isinstance(await store.write(append_event, 3, False), int)
+    finally:
         store.close()

@@ -424,14 +424,22 @@ class Store:
                     r.taken = True
                 self.batches += 1
                 try:
-                    if not self._offload:
-                        self._run_batch(batch)
-                    elif self._run_batch_inline(batch):
-                        # The changes are made; only the COMMIT (the fsync) leaves the loop.
-                        await trio.to_thread.run_sync(self._commit_batch, batch)
-                    else:
-                        self.offloaded_batches += 1
-                        await trio.to_thread.run_sync(self._run_batch, batch)
+                    # Shielded: once a batch is taken it runs and commits (or fails) whole, even
+                    # if the leader is cancelled meanwhile (a client that went away), or the
+                    # other writes of the batch would be lost, or left inside an open
+                    # transaction that every later write fails on.
+                    with trio.CancelScope(shield=True):
+                        if not self._offload:
+                            self._run_batch(batch)
+                        elif self._run_batch_inline(batch):
+                            # The changes are made; only the COMMIT (the fsync) leaves the loop.
+                            await trio.to_thread.run_sync(self._commit_batch, batch)
+                        else:
+                            self.offloaded_batches += 1
+                            await trio.to_thread.run_sync(self._run_batch, batch)
+                except BaseException as exc:  # never expected: the batch fails, not the store
+                    self._fail_batch(batch, exc)
+                    raise
                 finally:
                     self.commits.bump()
                 for r in batch:
