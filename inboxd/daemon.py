@@ -150,6 +150,7 @@ async def run(
             nursery.start_soon(feed_hub.sweep_revoked)
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
+            nursery.start_soon(store.checkpoint_forever)
             await nursery.start(Mailer(store, config.mail, data_dir, clock).run)
             hub = ChannelWebhookHub(
                 store,

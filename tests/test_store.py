@@ -502,3 +502,32 @@ async def test_a_leader_cancelled_as_its_batch_starts_still_commits_the_batch(
         assert isinstance(await store.write(append_event, 3, False), int)
     finally:
         store.close()
+
+
+async def test_the_checkpointer_copies_the_wal_outside_commits(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir, offload=False)  # MockClock: SQL on the trio thread
+    db_file = store.path
+
+    def many_events(conn: sqlite3.Connection) -> None:
+        for n in range(3_000):  # well over SQLite's 1,000-page automatic checkpoint
+            events.append(conn, 1, None, "test.event", {"n": n, "pad": "x" * 2_000}, 1)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.checkpoint_forever)
+            await trio.testing.wait_all_tasks_blocked()
+            before = db_file.stat().st_size
+            await store.write(many_events)
+            # The COMMIT only appended to the WAL: no checkpoint inside it.
+            assert db_file.stat().st_size == before
+            await trio.sleep(1.5)  # the checkpointer's round
+            assert db_file.stat().st_size > before + 3_000 * 2_000
+            nursery.cancel_scope.cancel()
+        # Stopped: the writer checkpoints by itself again.
+        automatic = store._writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        assert automatic == 1000
+    finally:
+        store.close()

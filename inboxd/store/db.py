@@ -56,6 +56,9 @@ READ_DEADLINE_SECONDS: Final = 5.0
 INLINE_CPU_SECONDS: Final = 0.005
 INLINE_WALL_SECONDS: Final = 0.025
 INLINE_BACKOFF_SECONDS: Final = 1.0
+# How often the daemon's checkpointer copies the WAL into the database file while writes come
+# in (Store.checkpoint_forever); SQLite's own automatic checkpoint would do it inside a COMMIT.
+CHECKPOINT_EVERY_SECONDS: Final = 1.0
 # SQLite VM steps between deadline checks (BudgetedConnection.check_every): about 0.1 ms of
 # SQLite's work on the trio thread, about 10 ms in a worker thread.
 FINE_STEPS: Final = 10_000
@@ -196,6 +199,10 @@ def migrate(conn: sqlite3.Connection) -> int:
         )
         applied += 1
     return applied
+
+
+def _checkpoint(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -361,6 +368,39 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{db_path(data_dir)} is not a usable inboxd store: {exc}") from None
         return cls(data_dir, readers, offload)
+
+    async def checkpoint_forever(self) -> None:
+        """Copy committed pages from the WAL into the database file in the background, at most
+        once a CHECKPOINT_EVERY_SECONDS and only after commits, on a connection of its own in a
+        worker thread. Until this runs, the writer checkpoints inside its COMMITs (SQLite's
+        automatic checkpoint, every 1,000 pages); then a write's COMMIT only appends to the WAL
+        and fsyncs it: a checkpoint copying thousands of pages no longer stalls the batch that
+        happens to cross the threshold, nor every write queued behind it.
+
+        PASSIVE never waits for readers or the writer; pages that a reader still needs are
+        copied by a later round. Cancellation: between rounds; a round under way finishes."""
+        conn = _connect(self.path, readonly=False)
+        try:
+            await self._set_autocheckpoint(0)
+            while True:
+                version = self.commits.version
+                await self.commits.wait_past(version)
+                await trio.sleep(CHECKPOINT_EVERY_SECONDS)
+                try:
+                    if self._offload:
+                        await trio.to_thread.run_sync(_checkpoint, conn)
+                    else:
+                        _checkpoint(conn)
+                except sqlite3.Error:
+                    log.exception("could not checkpoint the WAL")
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._set_autocheckpoint(1000)  # SQLite's default
+            conn.close()
+
+    async def _set_autocheckpoint(self, pages: int) -> None:
+        async with self._write_limiter:  # never while a batch uses the writer in a thread
+            self._writer.execute(f"PRAGMA wal_autocheckpoint = {pages}")
 
     def data_version(self) -> int:
         """A number that changes whenever another connection (the writer, the CLI, another
