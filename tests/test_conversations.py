@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any
 
 import httpx
 import pytest
 
+from inboxd import wire
+from inboxd.store import conversations
 from inboxd.store.db import Store
 from tests import arrange
 from tests.conftest import Seed, auth, ingest
@@ -497,3 +500,67 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
     # A contact that moves its name keeps the index in step (delete with the old values).
     store.write_sync(lambda c: c.execute("UPDATE contacts SET name = 'Bea' WHERE name = 'Refundo'"))
     assert await search() == ([], list(reversed(mine)))
+
+
+async def test_stored_conversation_json_follows_contact_assignee_and_channel(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    """The wire JSON kept per conversation (schema v11) changes with everything it shows,
+    including rows of other tables, and the migration builds the same text."""
+    cid = await conv(owner, seeded.sales_id, "4915100001", "2026-01-01T10:00:00Z")
+    other = await conv(owner, seeded.sales_id, "4915100002", "2026-01-01T11:00:00Z")
+    arrange.assign(store, cid, seeded.ann_id)
+
+    def stored_and_built() -> tuple[list[object], list[object]]:
+        pks = store.read_sync(
+            lambda c: [
+                r[0]
+                for r in c.execute("SELECT pk FROM conversations WHERE id IN (?, ?)", (cid, other))
+            ]
+        )
+        stored = store.read_sync(lambda c: conversations.load_json(c, pks, newest_first=False))
+        built = [
+            wire.conversation(c, with_contact=True)
+            for c in store.read_sync(conversations.load, pks)
+        ]
+        return json.loads(stored.json), built
+
+    stored, built = stored_and_built()
+    assert stored == built and stored[0]["assignedUser"]["name"] == "Ann"
+    # A new message with a new contact name, the assignee renamed, the channel's type changed.
+    await conv(
+        owner, seeded.sales_id, "4915100001", "2026-01-02T10:00:00Z", contact={"name": "Zoe"}
+    )
+    store.write_sync(
+        lambda c: c.execute(
+            "UPDATE users SET name = 'Ann B', avatar = 'a.png' WHERE id = ?", (seeded.ann_id,)
+        )
+    )
+    store.write_sync(
+        lambda c: c.execute("UPDATE channels SET type = 'SMS' WHERE id = ?", (seeded.sales_id,))
+    )
+    stored, built = stored_and_built()
+    assert stored == built
+    mine = next(s for s in stored if s["id"] == cid)  # type: ignore[index]
+    assert mine["contact"]["name"] == "Zoe" and mine["assignedUser"]["name"] == "Ann B"  # type: ignore[index]
+    assert {s["channelType"] for s in stored} == {"SMS"}  # type: ignore[index]
+    # What the migration builds is what the triggers kept.
+    from inboxd.store.schema import MIGRATIONS
+
+    kept = store.read_sync(
+        lambda c: c.execute("SELECT * FROM conversation_wire ORDER BY pk").fetchall()
+    )
+    rebuild = sqlite3.connect(store.path, isolation_level=None)
+    rebuild.executescript(
+        "BEGIN IMMEDIATE;"
+        + "".join(
+            f" DROP TRIGGER conversation_wire_{t};"
+            for t in ("insert", "update", "delete", "contact", "user", "channel")
+        )
+        + f" DROP TABLE conversation_wire; {MIGRATIONS[10]} COMMIT;"
+    )
+    rebuild.close()
+    again = store.read_sync(
+        lambda c: c.execute("SELECT * FROM conversation_wire ORDER BY pk").fetchall()
+    )
+    assert [tuple(r) for r in again] == [tuple(r) for r in kept] and len(kept) == 2

@@ -29,46 +29,11 @@ LEFT JOIN users u ON u.pk = c.assigned_to_pk
 """
 
 
-def iso_sql(column: str) -> str:
-    """SQL that formats an integer-microseconds column as the wire's date-time (timeutil.format_us),
-    or NULL."""
-    return (
-        f"strftime('%Y-%m-%dT%H:%M:%S', {column} / 1000000, 'unixepoch')"
-        f" || printf('.%06dZ', {column} % 1000000)"
-    )
-
-
-# A Conversation with its contact, as wire.conversation(..., with_contact=True) writes it, built
-# by SQLite. A list page is mostly this: building it in C instead of one attrs object and one
-# dict per row makes a 50-row page about three times cheaper (BENCHMARKS.md). A test holds the
-# two to the same output for every field.
-_JSON_SELECT: Final = f"""
-SELECT c.pk, c.sort_at, c.channel_pk, json_object(
-    'id', c.id, 'channelId', ch.id, 'contactId', ct.id, 'status', c.status,
-    'assignedTo', u.id,
-    'assignedUser', CASE WHEN u.id IS NULL THEN NULL
-                    ELSE json_object('id', u.id, 'name', u.name, 'avatar', u.avatar) END,
-    'lastMessageAt', {iso_sql("c.last_message_at")},
-    'isUnread', json(iif(c.unread_count > 0, 'true', 'false')),
-    'tags', json(c.tags),
-    'lastMessagePreview', c.last_message_preview,
-    'lastMessageType', c.last_message_type,
-    'lastMessageDirection', c.last_message_direction,
-    'lastMessageStatus', c.last_message_status,
-    'unreadCount', c.unread_count,
-    'isBlocked', json(iif(c.is_blocked, 'true', 'false')),
-    'title', c.title,
-    'lastCustomerMessageAt', {iso_sql("c.last_customer_message_at")},
-    'createdAt', {iso_sql("c.created_at")},
-    'updatedAt', {iso_sql("c.updated_at")},
-    'channelType', ch.type,
-    'customerPhone', ct.phone_number,
-    'contact', json_object('id', ct.id, 'phoneNumber', ct.phone_number, 'name', ct.name,
-                           'avatar', ct.avatar))
-FROM conversations c
-JOIN channels ch ON ch.pk = c.channel_pk
-JOIN contacts ct ON ct.pk = c.contact_pk
-LEFT JOIN users u ON u.pk = c.assigned_to_pk
+# Conversations with their wire JSON: kept by triggers (schema v11, CONVERSATION_JSON_SQL), so a
+# page reads stored text instead of building it; a test holds it to wire.py for every field.
+_JSON_SELECT: Final = """
+SELECT c.pk, c.sort_at, c.channel_pk, w.json
+FROM conversations c JOIN conversation_wire w ON w.pk = c.pk
 """
 
 

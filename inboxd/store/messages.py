@@ -25,6 +25,7 @@ from inboxd.model import (
 )
 from inboxd.store import conversations, events
 from inboxd.store.accounts import visible_channel
+from inboxd.store.schema import iso_sql
 
 # What a message row is read with: its conversation, channel, author and quoted message.
 _FROM: Final = """FROM messages m
@@ -115,7 +116,7 @@ def _message(r: sqlite3.Row) -> Message:
     )
 
 
-_iso = conversations.iso_sql
+_iso = iso_sql
 
 # A Message as wire.message writes it, built by SQLite (see conversations._JSON_SELECT for why);
 # a test holds the two to the same output. SQLite prints doubles with 15 significant digits (not
