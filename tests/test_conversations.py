@@ -526,7 +526,8 @@ async def test_stored_conversation_json_follows_contact_assignee_and_channel(
         return json.loads(stored.json), built
 
     stored, built = stored_and_built()
-    assert stored == built and stored[0]["assignedUser"]["name"] == "Ann"
+    mine = next(s for s in stored if s["id"] == cid)  # type: ignore[index]
+    assert stored == built and mine["assignedUser"]["name"] == "Ann"  # type: ignore[index]
     # A new message with a new contact name, the assignee renamed, the channel's type changed.
     await conv(
         owner, seeded.sales_id, "4915100001", "2026-01-02T10:00:00Z", contact={"name": "Zoe"}
