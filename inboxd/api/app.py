@@ -19,6 +19,7 @@ from typing import Any, Final, cast
 
 import attrs
 from quart import Response, current_app, g, request
+from quart.sessions import NullSession, SessionInterface
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -208,10 +209,24 @@ def _error_response(exc: InboxError) -> Response:
     return json_response(exc.body(), exc.status, exc.headers())
 
 
+class NoSessions(SessionInterface):
+    """The API has no cookies or sessions: skip Quart's per-request session work (it looked
+    for a signing key and built an empty session object on every request)."""
+
+    _NONE: Final = NullSession()
+
+    async def open_session(self, app: Any, request: Any) -> NullSession:
+        return self._NONE
+
+    async def save_session(self, app: Any, session: Any, response: Any) -> None:
+        return None
+
+
 def create_app(store: Store, config: Config, clock: Clock | None = None) -> QuartTrio:
     from inboxd.api import channels, feed, inbox, messaging, ops, team, webhook
 
     app = QuartTrio("inboxd")
+    app.session_interface = NoSessions()  # type: ignore[assignment]  # Quart types it narrowly
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.extensions["inboxd"] = AppState(
