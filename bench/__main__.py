@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import delivery, feed, generate, http, supervisors
+from bench import ab, delivery, feed, generate, http, supervisors
 
 BENCHMARKS = {
+    "ab": ab,
     "delivery": delivery,
     "feed": feed,
     "generate": generate,

@@ -47,18 +47,21 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """``python ARGS`` from ``cwd`` (which ``-m`` imports from first)."""
     return subprocess.Popen(
         [sys.executable, *args],
-        cwd=ROOT,
+        cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=None if os.environ.get("BENCH_DAEMON_STDERR") else subprocess.DEVNULL,
     )
 
 
-def wait_http(url: str) -> None:
-    deadline = time.monotonic() + 30
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if httpx.get(url, timeout=1).status_code == 200:

@@ -1,0 +1,162 @@
+"""Before and after: the same endpoints on two versions of inboxd, beside the ceiling, in one run.
+
+The ceiling on these machines moves by 20 % within minutes, so comparing two ``bench http`` runs
+says little about a change worth 5 %. This runs both versions at once: the baseline (a git
+revision, checked out into a temporary worktree) and the working tree, each on its own copy of
+the store, with the bare quart-trio ceiling, loading each in turn in short slices (the order
+alternating) and reporting the mean requests/s of each and the ratio after / before.
+
+The store given must be one the baseline understands (its schema or older): both copies are
+made from it, and each daemon migrates its own. Needs wrk and git; the copies need free disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import report
+from bench.feed import ROOT, free_port, start, wait_http
+from bench.http import (
+    LUA_BARE_PATCH,
+    LUA_ROTATE,
+    LUA_WRITE,
+    pick,
+    reset_for_writes,
+    run_python,
+    run_wrk,
+)
+
+ROWS = ("list", "list-channel", "read", "counts", "history", "title", "assignee")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="a store from 'bench generate' (copied twice)")
+    p.add_argument("--baseline", default="HEAD", help="the git revision to compare with (HEAD)")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"some of {', '.join(ROWS)}")
+    p.add_argument("--slices", type=int, default=6, help="slices per version and row (6)")
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds per slice (3)")
+
+
+def _copy_store(source: Path, target: Path) -> None:
+    target.mkdir(parents=True)
+    for f in source.iterdir():  # the database, its WAL if any, bench.json
+        shutil.copy2(f, target / f.name)
+
+
+def _rotated_paths(ids: dict[str, Any]) -> dict[str, list[str]]:
+    """The rows that go through many conversations in turn."""
+    convs = ids["conversations"][:500]
+    return {
+        "read": [f"/api/v1/inbox/conversations/{c}" for c in convs],
+        "history": [f"/api/v1/inbox/conversations/{c}/messages?limit=50" for c in convs],
+    }
+
+
+def _requests(ids: dict[str, Any]) -> dict[str, tuple[str, str | None, list[str]]]:
+    """Row -> (path, wrk script, conversations a write script changes)."""
+    convs, ch = ids["conversations"], ids["channel"]
+    paths = _rotated_paths(ids)
+    out: dict[str, tuple[str, str | None, list[str]]] = {
+        "list": ("/api/v1/inbox/conversations?limit=50", None, []),
+        "list-channel": (
+            f"/api/v1/inbox/conversations?limit=50&channelId={ch}&status=OPEN",
+            None,
+            [],
+        ),
+        "counts": ("/api/v1/inbox/conversations/counts", None, []),
+    }
+    for name, rotate in paths.items():
+        out[name] = ("", LUA_ROTATE % ", ".join(json.dumps(p) for p in rotate), [])
+    for kind in ("title", "assignee"):
+        targets = convs[:1000]
+        script = LUA_WRITE % (", ".join(json.dumps(c) for c in targets), kind, ids["owner_id"])
+        out[kind] = ("", script, targets)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    source = Path(args.data)
+    ids = pick(source)
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = set(rows) - set(ROWS)
+    if unknown:
+        raise SystemExit(f"bench ab: unknown rows {', '.join(sorted(unknown))}")
+    wrk = shutil.which("wrk") is not None
+    if not wrk:  # CI's smoke run: reads only, through the slower Python driver
+        print("bench ab: wrk is missing; reads only, with the Python driver (apt-get install wrk)")
+        rows = [r for r in rows if r not in ("title", "assignee")]
+    requests = _requests(ids)
+    work = Path(tempfile.mkdtemp(prefix="inboxd-ab-"))
+    baseline_src = work / "baseline"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "-q", str(baseline_src), args.baseline],
+        cwd=ROOT,
+        check=True,
+    )
+    daemons: dict[str, Any] = {}
+    try:
+        stores = {"before": work / "before", "after": work / "after"}
+        for store in stores.values():
+            _copy_store(source, store)
+        ports = {"before": free_port(), "after": free_port(), "bare": free_port()}
+        env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"}
+        for who in ("before", "after"):
+            command = ["-m", "inboxd", "serve", "--data", str(stores[who])]
+            command += ["--bind", f"127.0.0.1:{ports[who]}"]
+            daemons[who] = start(command, env, cwd=baseline_src if who == "before" else ROOT)
+            # A migration on a big store can take minutes: wait for it.
+            wait_http(f"http://127.0.0.1:{ports[who]}/readyz", timeout=1800)
+        daemons["bare"] = start(["-m", "bench.bare", str(ports["bare"])])
+        wait_http(f"http://127.0.0.1:{ports['bare']}/healthz")
+        paths = _rotated_paths(ids)
+
+        def load(url: str, rotate: list[str] | str, key: str | None, script: str | None) -> Any:
+            if wrk:
+                return run_wrk(url, args.seconds, key, script)
+            targets = rotate if isinstance(rotate, list) else [rotate]
+            return run_python(url, args.seconds, key, targets)
+
+        figures: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            path, script, targets = requests[row]
+            bare_script = LUA_BARE_PATCH if targets else None
+            seen: dict[str, list[float]] = {"before": [], "after": [], "bare": []}
+            errors = {"before": 0.0, "after": 0.0}
+            for i in range(args.slices):
+                ceiling = f"http://127.0.0.1:{ports['bare']}/ceiling"
+                seen["bare"].append(load(ceiling, "", None, bare_script)["rps"])
+                for who in ("before", "after") if i % 2 == 0 else ("after", "before"):
+                    if targets:  # every write a real change: both stores start each slice alike
+                        reset_for_writes(stores[who], targets)
+                    url = f"http://127.0.0.1:{ports[who]}{path}"
+                    result = load(url, paths.get(row, ""), ids["key"], script)
+                    seen[who].append(result["rps"])
+                    errors[who] += result["non_2xx"]
+            mean = {k: sum(v) / len(v) for k, v in seen.items()}
+            figures[row] = {"rps": mean, "slices": seen, "non_2xx": errors}
+    finally:
+        for process in daemons.values():
+            process.terminate()
+            process.wait(15)
+        subprocess.run(["git", "worktree", "remove", "--force", str(baseline_src)], cwd=ROOT)
+        shutil.rmtree(work, ignore_errors=True)
+    table = [("row", "before / after req/s", "shares of the ceiling; after / before")]
+    for row, f in figures.items():
+        m = f["rps"]
+        errors = "" if not any(f["non_2xx"].values()) else f"; non-2xx {f['non_2xx']}"
+        table.append(
+            (
+                row,
+                f"{m['before']:,.0f} / {m['after']:,.0f}",
+                f"ceiling {m['bare']:,.0f}: {m['before'] / m['bare']:.0%} -> "
+                f"{m['after'] / m['bare']:.0%}; x{m['after'] / m['before']:.3f}{errors}",
+            )
+        )
+    report("ab", table, {"args": vars(args), "figures": figures})
+    return 0
