@@ -420,6 +420,7 @@ class Store:
     # -- sync access (CLI, tests) --------------------------------------------------------------
 
     def write_sync(self, fn: Callable[..., T], *args: object) -> T:
+        self._writer.wait_when_busy(BUSY_TIMEOUT_MS)  # the CLI waits for the daemon's writes
         self._writer.appended = []
         return run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
 

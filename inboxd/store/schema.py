@@ -546,7 +546,9 @@ def iso_sql(column: str) -> str:
 
 
 # A Conversation with its contact, as wire.conversation(..., with_contact=True) writes it, for
-# the conversation aliased c (with channels ch, contacts ct and users u joined as below).
+# the conversation aliased c (with channels ch, contacts ct and users u joined as below). Schema
+# v11 builds its triggers from this text: a later change to the JSON's shape needs a migration
+# of its own that replaces those triggers and rebuilds conversation_wire.
 CONVERSATION_JSON_SQL: Final = f"""json_object(
     'id', c.id, 'channelId', ch.id, 'contactId', ct.id, 'status', c.status,
     'assignedTo', u.id,
