@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import secrets
+import time
+from typing import Final
 
 # Each kind of row has its own short prefix so that an id pasted into the wrong place is easy to
-# spot in logs and support requests; the rest is 100 random bits in lowercase base32.
+# spot in logs and support requests; the rest is 100 bits in base32 (20 characters): the creation
+# time in microseconds (52 bits), then 48 random bits. Ids that sort by creation time put each new
+# row at one edge of its table's id index instead of on a random leaf of it: on 10M messages an
+# inbox action's writes took ~25 % less time and its COMMIT wrote ~40 % fewer pages (measured by
+# hand: 2,000 renames in one transaction, BENCHMARKS.md). Ids are not secrets (keys and tokens
+# are separate) and never decide order; the random part keeps them unguessable all the same.
+_ALPHABET: Final = "234567abcdefghijklmnopqrstuvwxyz"  # base32 in ASCII order: sorts as numbers
+_PAIRS: Final = tuple(a + b for a in _ALPHABET for b in _ALPHABET)  # 10 bits -> 2 characters
+_TIME_BITS: Final = 52
+_RANDOM_BITS: Final = 48
 
 
 def new_id(prefix: str) -> str:
-    raw = base64.b32encode(secrets.token_bytes(15)).decode("ascii").lower()
-    return f"{prefix}_{raw[:20]}"
+    micros = time.time_ns() // 1000 % (1 << _TIME_BITS)
+    n = micros << _RANDOM_BITS | int.from_bytes(secrets.token_bytes(_RANDOM_BITS // 8), "big")
+    return prefix + "_" + "".join([_PAIRS[(n >> shift) & 1023] for shift in range(90, -1, -10)])
 
 
 API_KEY_PREFIX = "ibx_"
