@@ -97,7 +97,8 @@ class BudgetedConnection(sqlite3.Connection):
         """How many SQLite VM steps between deadline checks: FINE_STEPS on the trio thread
         (its budget is milliseconds), COARSE_STEPS in a worker thread, where each check is a
         Python call that must take the GIL from the busy trio thread (up to the switch
-        interval, 5 ms, each time: fine checks made a 1 s read take 15 s there)."""
+        interval, 5 ms, each time: with fine checks a 1.5 s read there overran its 5 s
+        deadline while the loop was busy)."""
         self.set_progress_handler(self._past_deadline, steps)
 
     def _past_deadline(self) -> int:
