@@ -4,7 +4,9 @@ The ceiling on these machines moves by 20 % within minutes, so comparing two ``b
 says little about a change worth 5 %. This runs both versions at once: the baseline (a git
 revision, checked out into a temporary worktree) and the working tree, each on its own copy of
 the store, with the bare quart-trio ceiling, loading each in turn in short slices (the order
-alternating) and reporting the mean requests/s of each and the ratio after / before.
+alternating) after one unrecorded warm-up slice each, and reporting the median requests/s of
+each and the median of the per-slice ratios after / before (each pair ran back to back, so a
+drift of the machine moves both; a median ignores a slice that a hiccup spoiled).
 
 The store given must be one the baseline understands (its schema or older): both copies are
 made from it, and each daemon migrates its own. Needs wrk and git; the copies need free disk.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -128,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
             bare_script = LUA_BARE_PATCH if targets else None
             seen: dict[str, list[float]] = {"before": [], "after": [], "bare": []}
             errors = {"before": 0.0, "after": 0.0}
+            for who in ("before", "after"):  # warm-up: page cache, first-use costs
+                if targets:
+                    reset_for_writes(stores[who], targets)
+                url = f"http://127.0.0.1:{ports[who]}{path}"
+                load(url, paths.get(row, ""), ids["key"], script)
             for i in range(args.slices):
                 ceiling = f"http://127.0.0.1:{ports['bare']}/ceiling"
                 seen["bare"].append(load(ceiling, "", None, bare_script)["rps"])
@@ -138,15 +146,20 @@ def run(args: argparse.Namespace) -> int:
                     result = load(url, paths.get(row, ""), ids["key"], script)
                     seen[who].append(result["rps"])
                     errors[who] += result["non_2xx"]
-            mean = {k: sum(v) / len(v) for k, v in seen.items()}
-            figures[row] = {"rps": mean, "slices": seen, "non_2xx": errors}
+            median = {k: statistics.median(v) for k, v in seen.items()}
+            ratio = statistics.median(
+                a / b for a, b in zip(seen["after"], seen["before"], strict=True)
+            )
+            figures[row] = {"rps": median, "ratio": ratio, "slices": seen, "non_2xx": errors}
     finally:
         for process in daemons.values():
             process.terminate()
             process.wait(15)
         subprocess.run(["git", "worktree", "remove", "--force", str(baseline_src)], cwd=ROOT)
         shutil.rmtree(work, ignore_errors=True)
-    table = [("row", "before / after req/s", "shares of the ceiling; after / before")]
+    table = [
+        ("row", "before / after req/s (median)", "shares of the ceiling; after / before (median)")
+    ]
     for row, f in figures.items():
         m = f["rps"]
         errors = "" if not any(f["non_2xx"].values()) else f"; non-2xx {f['non_2xx']}"
@@ -155,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
                 row,
                 f"{m['before']:,.0f} / {m['after']:,.0f}",
                 f"ceiling {m['bare']:,.0f}: {m['before'] / m['bare']:.0%} -> "
-                f"{m['after'] / m['bare']:.0%}; x{m['after'] / m['before']:.3f}{errors}",
+                f"{m['after'] / m['bare']:.0%}; x{f['ratio']:.3f}{errors}",
             )
         )
     report("ab", table, {"args": vars(args), "figures": figures})
