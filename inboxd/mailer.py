@@ -100,15 +100,16 @@ class Mailer:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        queued = self._store.signal(mail.QUEUED)
         while True:
-            version = self._store.commits.version
+            version = queued.version
             try:
                 waiting = await self._round()
             except Exception:
                 log.exception("mail outbox round failed")
                 waiting = trio.current_time() + RETRY_PAUSES[0]
             with trio.move_on_at(waiting):
-                await self._store.commits.wait_past(version)
+                await queued.wait_past(version)
 
     async def _round(self) -> float:
         """Send every due mail; return the trio time of the next retry (inf if none)."""

@@ -61,6 +61,8 @@ class Receiver:
     hang: bool = False
     # Used when the statuses queue is empty.
     default_status: int = 200
+    # While set, each request is answered only once this event is set (the sender waits).
+    gate: trio.Event | None = None
     _arrived: trio.Event = attrs.Factory(trio.Event)
 
     async def wait_for(self, count: int, within: float = 3600) -> list[Received]:
@@ -104,6 +106,8 @@ class Receiver:
         self._arrived = trio.Event()
         if self.hang:
             await trio.sleep_forever()
+        if self.gate is not None:
+            await self.gate.wait()
         headers = [(b"content-type", b"text/plain")]
         headers += [(k.encode(), v.encode()) for k, v in extra.items()]
         await send({"type": "http.response.start", "status": status, "headers": headers})

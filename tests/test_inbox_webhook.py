@@ -254,6 +254,33 @@ async def test_rotation_signs_later_deliveries_with_the_new_secret_only(
     assert second.signature_ok(new) and not second.signature_ok(old)
 
 
+async def test_a_rotation_also_reaches_events_already_read_ahead(
+    owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver
+) -> None:
+    """The deliverer reads up to a hundred events at once. A secret rotated while it works
+    through them signs every POST that starts after the rotation has committed."""
+    old = (await save(owner, receiver.url))["secret"]
+    conv = await new_conversation(owner, seeded)
+    first_gate = receiver.gate = trio.Event()
+    await owner.post(f"{CONV}/{conv}/block")
+    await receiver.wait_for(1, within=10)  # held: the next events commit meanwhile
+    for i in range(5):
+        await owner.patch(f"{CONV}/{conv}/title", json={"title": f"ahead {i}"})
+    second_gate = receiver.gate = trio.Event()
+    first_gate.set()
+    await receiver.wait_for(2, within=10)  # the five were read together; the first is held
+    new = (await owner.post(f"{HOOK}/secret")).json()["secret"]
+    receiver.gate = None
+    second_gate.set()
+    got = await receiver.wait_for(6, within=10)
+    assert [json.loads(r.body)["type"] for r in got] == [
+        "inbox.conversation.blocked",
+        *["inbox.conversation.title_changed"] * 5,
+    ]
+    assert got[0].signature_ok(old) and got[1].signature_ok(old)
+    assert all(r.signature_ok(new) and not r.signature_ok(old) for r in got[2:])
+
+
 async def test_failures_are_retried_on_schedule_and_later_events_wait(
     autojump_clock: trio.testing.MockClock,
     owner: httpx.AsyncClient,

@@ -66,6 +66,44 @@ async def hold_writer(store: Store, release: trio.Event, task_status: Any) -> No
         await release.wait()
 
 
+async def test_a_wake_bumps_its_signal_only_once_the_write_commits(tmp_path: Path) -> None:
+    """``db.wake`` is how the mailer and the inbox webhook deliverer learn of their kind of
+    change without waking on every commit: a committed write bumps the named signal, a write
+    that fails does not, and other names stay quiet."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        mine, other = store.signal("test.mine"), store.signal("test.other")
+
+        def waking(conn: sqlite3.Connection, fail: bool) -> None:
+            db.wake(conn, "test.mine")
+            events.append(conn, 1, None, "test.event", {}, 1)
+            if fail:
+                raise Conflict("refused", code="test")
+
+        await store.write(waking, False)
+        assert (mine.version, other.version) == (1, 0)
+        with pytest.raises(Conflict):
+            await store.write(waking, True)
+        assert mine.version == 1
+        woke = trio.Event()
+
+        async def waiter() -> None:
+            await mine.wait_past(1)
+            woke.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            await store.write(lambda conn: events.append(conn, 1, None, "test.event", {}, 1))
+            await trio.testing.wait_all_tasks_blocked()
+            assert not woke.is_set()  # an unrelated commit
+            await store.write(waking, False)
+        assert woke.is_set() and mine.version == 2
+    finally:
+        store.close()
+
+
 async def test_a_write_cancelled_while_waiting_never_runs(tmp_path: Path) -> None:
     seed = seed_store(tmp_path / "data")
     store = Store.open(seed.data_dir)

@@ -120,6 +120,7 @@ class JournalConnection(BudgetedConnection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.appended: list[Appended] = []
+        self.wakes: set[str] = set()  # Store.signal names to bump after the commit (wake())
         self.busy_timeout_ms = BUSY_TIMEOUT_MS
 
     def wait_when_busy(self, ms: int) -> None:
@@ -127,6 +128,15 @@ class JournalConnection(BudgetedConnection):
         if self.busy_timeout_ms != ms:
             self.execute(f"PRAGMA busy_timeout = {ms}")
             self.busy_timeout_ms = ms
+
+
+def wake(conn: sqlite3.Connection, name: str) -> None:
+    """Once the write that calls this has committed, bump ``Store.signal(name)``: how a write
+    tells the daemon's tasks that wait for one kind of change (the mailer for queued mail, an
+    inbox webhook deliverer for its configuration) without waking them on every commit. A write
+    that is rolled back wakes nobody; outside the daemon's writer this does nothing."""
+    if isinstance(conn, JournalConnection):
+        conn.wakes.add(name)
 
 
 class ReaderConnection(BudgetedConnection):
@@ -281,6 +291,7 @@ class _WriteRequest:
     result: Any = None
     error: BaseException | None = None
     appended: list[Appended] = attrs.Factory(list)
+    wakes: set[str] = attrs.Factory(set)
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -340,6 +351,7 @@ class Store:
         self.offloaded_batches = 0  # batches whose writes ran in a worker thread
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
+        self._signals: dict[str, CommitSignal] = {}
 
     @classmethod
     def open(
@@ -422,13 +434,20 @@ class Store:
 
     def write_sync(self, fn: Callable[..., T], *args: object) -> T:
         self._writer.wait_when_busy(BUSY_TIMEOUT_MS)  # the CLI waits for the daemon's writes
-        self._writer.appended = []
+        self._writer.appended, self._writer.wakes = [], set()
         return run_in_transaction(self._writer, "BEGIN IMMEDIATE", fn, *args)
 
     def read_sync(self, fn: Callable[..., T], *args: object) -> T:
         return run_in_transaction(self._readers[0], "BEGIN", fn, *args)
 
     # -- async access (the daemon) -------------------------------------------------------------
+
+    def signal(self, name: str) -> CommitSignal:
+        """The signal that commits of writes calling ``wake(conn, name)`` bump."""
+        signal = self._signals.get(name)
+        if signal is None:
+            signal = self._signals[name] = CommitSignal()
+        return signal
 
     def add_journal_listener(self, listener: Callable[[list[Appended]], None]) -> None:
         """Call ``listener`` (on the trio thread) with the events each committed write appended."""
@@ -488,6 +507,9 @@ class Store:
                     if r.appended:
                         for listener in self._journal_listeners:
                             listener(r.appended)
+                    for name in r.wakes:
+                        if (signal := self._signals.get(name)) is not None:
+                            signal.bump()
         finally:
             self._write_limiter.release()
         return request.outcome()  # type: ignore[no-any-return]
@@ -513,7 +535,7 @@ class Store:
         conn = self._writer
         try:
             for r in batch:
-                conn.appended = []
+                conn.appended, conn.wakes = [], set()
                 conn.execute("SAVEPOINT w")
                 try:
                     r.result = r.fn(conn, *r.args)
@@ -528,9 +550,9 @@ class Store:
                     r.error = exc
                 else:
                     conn.execute("RELEASE w")
-                    r.appended = conn.appended
+                    r.appended, r.wakes = conn.appended, conn.wakes
         finally:
-            conn.appended = []
+            conn.appended, conn.wakes = [], set()
 
     def _commit_batch(self, batch: list[_WriteRequest]) -> None:
         """COMMIT the open transaction (in a worker thread: this is where SQLite fsyncs)."""
@@ -550,7 +572,7 @@ class Store:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         for r in batch:
-            r.appended = []
+            r.appended, r.wakes = [], set()
             if r.error is None:
                 r.error = exc
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping
+from typing import Final
 
 import attrs
+
+from inboxd.store.db import wake
+
+QUEUED: Final = "mail.queued"  # the Store.signal a commit that queued mail bumps
 
 
 @attrs.frozen
@@ -33,6 +38,7 @@ def queue(
         " VALUES (?, ?, ?, ?, ?, ?)",
         (account_pk, to_addr, subject, body, json.dumps(dict(headers or {})), now),
     )
+    wake(conn, QUEUED)
     return int(cur.lastrowid or 0)
 
 

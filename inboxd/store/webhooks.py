@@ -9,9 +9,25 @@ import attrs
 
 from inboxd import ids
 from inboxd.errors import NotFound
+from inboxd.store.db import wake
 from inboxd.store.events import JOURNAL_COLUMNS, WEBHOOK_TYPES_SQL, JournalEvent, journal_event
 
 SECRET_PREFIX_LEN: Final = 12
+
+
+def config_changed(account_pk: int) -> str:
+    """The ``Store.signal`` woken when the account's webhook is saved, rotated or deleted."""
+    return f"inbox_webhook.config:{account_pk}"
+
+
+def work_queued(account_pk: int) -> str:
+    """The ``Store.signal`` woken when the deliverer may have new work (besides new events)."""
+    return f"inbox_webhook.work:{account_pk}"
+
+
+def _changed(conn: sqlite3.Connection, account_pk: int) -> None:
+    wake(conn, config_changed(account_pk))
+    wake(conn, work_queued(account_pk))
 
 
 @attrs.frozen
@@ -60,6 +76,7 @@ def put(conn: sqlite3.Connection, account_pk: int, url: str, now: int) -> Saved:
             " delivered_seq) VALUES (?, ?, ?, ?, ?, ?)",
             (account_pk, url, secret, now, now, _journal_end(conn)),
         )
+        _changed(conn, account_pk)
         hook = get(conn, account_pk)
         assert hook is not None
         return Saved(webhook=hook, created=True, secret=secret)
@@ -67,6 +84,7 @@ def put(conn: sqlite3.Connection, account_pk: int, url: str, now: int) -> Saved:
         "UPDATE inbox_webhooks SET url = ?, updated_at = ? WHERE account_pk = ?",
         (url, now, account_pk),
     )
+    _changed(conn, account_pk)
     hook = get(conn, account_pk)
     assert hook is not None
     return Saved(webhook=hook, created=False, secret=None)
@@ -80,6 +98,7 @@ def rotate(conn: sqlite3.Connection, account_pk: int, now: int) -> Saved:
         "UPDATE inbox_webhooks SET secret = ?, updated_at = ? WHERE account_pk = ?",
         (secret, now, account_pk),
     )
+    _changed(conn, account_pk)
     hook = get(conn, account_pk)
     assert hook is not None
     return Saved(webhook=hook, created=False, secret=secret)
@@ -88,6 +107,7 @@ def rotate(conn: sqlite3.Connection, account_pk: int, now: int) -> Saved:
 def delete(conn: sqlite3.Connection, account_pk: int) -> bool:
     removed = conn.execute("DELETE FROM inbox_webhooks WHERE account_pk = ?", (account_pk,))
     conn.execute("DELETE FROM webhook_redeliveries WHERE account_pk = ?", (account_pk,))
+    _changed(conn, account_pk)
     return removed.rowcount > 0
 
 
@@ -105,33 +125,35 @@ class Work:
     hook: InboxWebhook  # as it was when the work was picked (the first attempt uses it)
 
 
-def _event(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> JournalEvent | None:
-    row = conn.execute(f"SELECT {JOURNAL_COLUMNS} FROM events WHERE {where}", params).fetchone()
-    return None if row is None else journal_event(row)
+def _events(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[JournalEvent]:
+    rows = conn.execute(f"SELECT {JOURNAL_COLUMNS} FROM events WHERE {where}", params)
+    return [journal_event(row) for row in rows]
 
 
-def next_work(conn: sqlite3.Connection, account_pk: int, after: int = 0) -> Work | None:
-    """The next event to deliver: journal order first, then queued redeliveries. ``after`` is the
-    deliverer's own cursor, ahead of the stored one while its last record is being written."""
+def next_work(
+    conn: sqlite3.Connection, account_pk: int, after: int = 0, limit: int = 1
+) -> list[Work]:
+    """What to deliver next, in order: up to ``limit`` journal events, else the oldest queued
+    redelivery, else nothing. ``after`` is the deliverer's own cursor, ahead of the stored one
+    while its last record is being written."""
     hook = get(conn, account_pk)
     if hook is None:
-        return None
-    event = _event(
+        return []
+    events = _events(
         conn,
-        f"account_pk = ? AND seq > ? AND {WEBHOOK_TYPES_SQL} ORDER BY seq LIMIT 1",
-        (account_pk, max(hook.delivered_seq, after)),
+        f"account_pk = ? AND seq > ? AND {WEBHOOK_TYPES_SQL} ORDER BY seq LIMIT ?",
+        (account_pk, max(hook.delivered_seq, after), limit),
     )
-    if event is not None:
-        return Work(event=event, redelivery_pk=None, hook=hook)
+    if events:
+        return [Work(event=event, redelivery_pk=None, hook=hook) for event in events]
     row = conn.execute(
         "SELECT pk, event_seq FROM webhook_redeliveries WHERE account_pk = ? ORDER BY pk LIMIT 1",
         (account_pk,),
     ).fetchone()
     if row is None:
-        return None
-    event = _event(conn, "seq = ?", (row["event_seq"],))
-    assert event is not None
-    return Work(event=event, redelivery_pk=row["pk"], hook=hook)
+        return []
+    [event] = _events(conn, "seq = ?", (row["event_seq"],))
+    return [Work(event=event, redelivery_pk=row["pk"], hook=hook)]
 
 
 @attrs.frozen
@@ -177,6 +199,14 @@ def record_attempt(
         conn.execute("DELETE FROM webhook_redeliveries WHERE pk = ?", (redelivery_pk,))
 
 
+def record_attempts(
+    conn: sqlite3.Connection, account_pk: int, attempts: list[tuple[Attempt, int | None]]
+) -> None:
+    """``record_attempt`` for each (attempt, redelivery pk), in order, in one transaction."""
+    for attempt, redelivery_pk in attempts:
+        record_attempt(conn, account_pk, attempt, redelivery_pk)
+
+
 def queue_redelivery(conn: sqlite3.Connection, account_pk: int, event_id: str, now: int) -> int:
     row = conn.execute(
         f"SELECT seq FROM events WHERE id = ? AND account_pk = ? AND {WEBHOOK_TYPES_SQL}",
@@ -190,6 +220,7 @@ def queue_redelivery(conn: sqlite3.Connection, account_pk: int, event_id: str, n
         "INSERT INTO webhook_redeliveries (account_pk, event_seq, requested_at) VALUES (?, ?, ?)",
         (account_pk, row["seq"], now),
     )
+    wake(conn, work_queued(account_pk))
     return int(cur.lastrowid or 0)
 
 

@@ -3,21 +3,25 @@
 ::
 
     loop:
-        next event after the delivery cursor (or a queued redelivery)?  none -> wait for a commit
-        attempt 1..N+1: POST it signed with the secret current at that moment
-            2xx              -> delivered, cursor moves past it
-            anything else    -> logged; sleep retry_schedule[i] (+ up to 20 % jitter, at least a
-                                Retry-After, capped at 2 h more) and try again
-            after the last   -> given up, cursor moves past it, the next event goes
+        next events after the delivery cursor (up to PREFETCH), or a queued redelivery?
+            none -> wait until the account commits an event, or its webhook or a
+                    redelivery is saved
+        for each (until the webhook is saved, rotated or deleted: then read again):
+            attempt 1..N+1: POST it signed with the secret current at that moment
+                2xx            -> delivered, cursor moves past it
+                anything else  -> logged; sleep retry_schedule[i] (+ up to 20 % jitter, at
+                                  least a Retry-After, capped at 2 h more) and try again
+                after the last -> given up, cursor moves past it, the next event goes
 
 The cursor lives in the store, so a restart resumes at the first event not yet delivered
 (at-least-once: an event whose 2xx was not yet recorded is sent again; receivers dedupe on the
 envelope id). Errors are caught here: a failing store or receiver never takes the daemon down.
 
 Recording a finished delivery (its log row and the cursor, one commit with its fsync) overlaps
-the next event's POST: the task keeps its own cursor in memory and waits for the previous record
-only before it writes the next one, so a backlog drains at the speed of the HTTPS round trips
-(bench/delivery.py). Failed attempts and redeliveries are recorded before anything else happens.
+the next event's POST: the task keeps its own cursor in memory and hands the record to a recorder
+task, which writes every record waiting in one transaction, in order. Events are read a hundred
+at a time. So a backlog drains at the speed of the HTTPS round trips (bench/delivery.py). Failed
+attempts and redeliveries are recorded before anything else happens.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from inboxd.clock import Clock
 from inboxd.config import InboxWebhookConfig
 from inboxd.metrics import Metrics
 from inboxd.store import webhooks
-from inboxd.store.db import Store
+from inboxd.store.db import Appended, Store
 from inboxd.webhooks.client import Outcome, post_event
 
 log = logging.getLogger("inboxd.inbox_webhook")
@@ -42,6 +46,8 @@ log = logging.getLogger("inboxd.inbox_webhook")
 JITTER: Final = 0.2
 RETRY_AFTER_CAP: Final = 2 * 3600.0
 STORE_ERROR_BACKOFF: Final = 5.0
+# Events read from the journal at once; a saved, rotated or deleted webhook drops the rest.
+PREFETCH: Final = 100
 
 
 def retry_delay(
@@ -76,51 +82,74 @@ class InboxWebhookDeliverer:
         # The last journal event this task finished (delivered or gave up), which the store's
         # cursor reaches once its record commits.
         self._cursor = 0
-        self._recording: trio.Event | None = None  # set when the record under way has committed
+        # Woken by the account's new events (the journal listener) and by a saved webhook or
+        # a queued redelivery; the second only by a saved, rotated or deleted webhook.
+        self._work = store.signal(webhooks.work_queued(account_pk))
+        self._config = store.signal(webhooks.config_changed(account_pk))
+        store.add_journal_listener(self._on_journal)
+        self._unrecorded: list[tuple[webhooks.Attempt, int | None, trio.Event]] = []
+        self._recorder_running = False
         self._nursery: trio.Nursery | None = None
+
+    def _on_journal(self, appended: list[Appended]) -> None:
+        if any(a.account_pk == self._account_pk for a in appended):
+            self._work.bump()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
-                version = self._store.commits.version
+                version, config = self._work.version, self._config.version
                 try:
                     work = await self._store.read(
-                        webhooks.next_work, self._account_pk, self._cursor
+                        webhooks.next_work, self._account_pk, self._cursor, PREFETCH
                     )
-                    if work is None:
-                        await self._store.commits.wait_past(version)
+                    if not work:
+                        await self._work.wait_past(version)
                         continue
-                    await self._deliver(work)
+                    for item in work:
+                        if self._config.version != config:
+                            break  # saved, rotated or deleted meanwhile: read it again
+                        await self._deliver(item)
                 except Exception:
                     log.exception("inbox webhook delivery failed; retrying shortly")
                     await trio.sleep(STORE_ERROR_BACKOFF)
 
     def _record(self, attempt: webhooks.Attempt, redelivery_pk: int | None) -> trio.Event:
-        """Write one attempt to the store after the one before it; the event is set once it
-        has committed (or failed)."""
-        previous, done = self._recording, trio.Event()
-        self._recording = done
-
-        async def record() -> None:
-            try:
-                if previous is not None:
-                    await previous.wait()
-                # A record already decided is written even while the daemon stops.
-                with trio.CancelScope(shield=True):
-                    await self._store.write(
-                        webhooks.record_attempt, self._account_pk, attempt, redelivery_pk
-                    )
-            except Exception:
-                # The delivery happened; without its record it is sent again after a restart.
-                log.exception("could not record an inbox webhook attempt")
-            finally:
-                done.set()
-
-        assert self._nursery is not None, "records are written from run()"
-        self._nursery.start_soon(record)
+        """Queue one attempt for the store, after those before it; the event is set once it has
+        committed (or failed)."""
+        done = trio.Event()
+        self._unrecorded.append((attempt, redelivery_pk, done))
+        if not self._recorder_running:
+            self._recorder_running = True
+            assert self._nursery is not None, "records are written from run()"
+            self._nursery.start_soon(self._recorder)
         return done
+
+    async def _recorder(self) -> None:
+        """Write the queued attempts in order: all those waiting go into one transaction, so a
+        commit slower than a delivery makes fewer, larger commits instead of a queue."""
+        try:
+            while self._unrecorded:
+                batch, self._unrecorded = self._unrecorded, []
+                try:
+                    # A record already decided is written even while the daemon stops.
+                    with trio.CancelScope(shield=True):
+                        await self._store.write(
+                            webhooks.record_attempts,
+                            self._account_pk,
+                            [(attempt, redelivery_pk) for attempt, redelivery_pk, _ in batch],
+                        )
+                except Exception:
+                    # The deliveries happened; without their record they are sent again after
+                    # a restart.
+                    log.exception("could not record inbox webhook attempts")
+                finally:
+                    for _, _, done in batch:
+                        done.set()
+        finally:
+            self._recorder_running = False
 
     async def _deliver(self, work: webhooks.Work) -> None:
         event = work.event
