@@ -132,13 +132,13 @@ def _events(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) ->
 
 def next_work(
     conn: sqlite3.Connection, account_pk: int, after: int = 0, limit: int = 1
-) -> list[Work]:
+) -> list[Work] | None:
     """What to deliver next, in order: up to ``limit`` journal events, else the oldest queued
-    redelivery, else nothing. ``after`` is the deliverer's own cursor, ahead of the stored one
-    while its last record is being written."""
+    redelivery, else nothing; None when no webhook is saved. ``after`` is the deliverer's own
+    cursor, ahead of the stored one while its last record is being written."""
     hook = get(conn, account_pk)
     if hook is None:
-        return []
+        return None
     events = _events(
         conn,
         f"account_pk = ? AND seq > ? AND {WEBHOOK_TYPES_SQL} ORDER BY seq LIMIT ?",

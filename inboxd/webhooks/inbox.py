@@ -87,12 +87,15 @@ class InboxWebhookDeliverer:
         self._work = store.signal(webhooks.work_queued(account_pk))
         self._config = store.signal(webhooks.config_changed(account_pk))
         store.add_journal_listener(self._on_journal)
+        # Whether a webhook was saved at the last look: without one, the account's events are
+        # never sent (saving one wakes this task), so they need not wake it either.
+        self._hooked = True
         self._unrecorded: list[tuple[webhooks.Attempt, int | None, trio.Event]] = []
         self._recorder_running = False
         self._nursery: trio.Nursery | None = None
 
     def _on_journal(self, appended: list[Appended]) -> None:
-        if any(a.account_pk == self._account_pk for a in appended):
+        if self._hooked and any(a.account_pk == self._account_pk for a in appended):
             self._work.bump()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -105,6 +108,7 @@ class InboxWebhookDeliverer:
                     work = await self._store.read(
                         webhooks.next_work, self._account_pk, self._cursor, PREFETCH
                     )
+                    self._hooked = work is not None
                     if not work:
                         await self._work.wait_past(version)
                         continue
