@@ -124,6 +124,26 @@ async def test_saving_and_reading_the_url_list(owner: httpx.AsyncClient, seeded:
     }  # fmt: skip
 
 
+async def test_the_first_url_list_returns_the_secret_after_a_settings_change(
+    owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver
+) -> None:
+    """The owner may turn mails off before saving any URL; the secret is still issued by, and
+    returned once from, the first URL list saved (it used to be created unseen)."""
+    off = await owner.patch(
+        settings_path(seeded.sales_id), json={"notifications": {"email": False}}
+    )
+    assert off.status_code == 200 and off.json()["secretPrefix"] is None
+    assert (await owner.post(f"{hook(seeded.sales_id)}/secret")).status_code == 404
+    first = await save_urls(owner, seeded.sales_id, receiver.url)
+    secret = first["secret"]
+    assert secret.startswith("whsec_") and first["secretPrefix"] == secret[:12]
+    assert first["notifications"] == {"email": False}
+    assert "secret" not in await save_urls(owner, seeded.sales_id, receiver.url)
+    await send(owner, seeded, "hello", direction="OUTBOUND")
+    (delivered,) = await receiver.wait_for(1, within=10)
+    assert delivered.signature_ok(secret)
+
+
 async def test_url_list_validation_and_access(owner: httpx.AsyncClient, seeded: Seed) -> None:
     bad_url = await owner.post(hook(seeded.sales_id), json={"urls": ["http://a.example.com"]})
     assert bad_url.status_code == 422 and bad_url.json()["error"]["code"] == "invalid_url"

@@ -96,11 +96,18 @@ def all_urls(conn: sqlite3.Connection) -> dict[int, int]:
     return {r[0]: r[1] for r in conn.execute("SELECT pk, generation FROM channel_webhook_urls")}
 
 
+# The settings row of a channel whose owner changed the notification setting before saving any
+# URL holds no secret yet: NOT_ISSUED. The first URL list saved issues it and returns it, as
+# CONTRACT section 7 says (it used to be created unseen, and only a rotation could reveal it).
+NOT_ISSUED: Final = ""
+
+
 def secret_of(conn: sqlite3.Connection, channel_pk: int) -> str | None:
+    """The channel's signing secret; None before the first URL list is saved."""
     row = conn.execute(
         "SELECT secret FROM channel_webhook_settings WHERE channel_pk = ?", (channel_pk,)
     ).fetchone()
-    return None if row is None else str(row[0])
+    return None if row is None or row[0] == NOT_ISSUED else str(row[0])
 
 
 def head_event(
@@ -227,7 +234,9 @@ def settings(
     return Settings(
         channel_id=channel_id,
         notify_email=True if s is None else bool(s["notify_email"]),
-        secret_prefix=None if s is None else s["secret"][:SECRET_PREFIX_LEN],
+        secret_prefix=(
+            None if s is None or s["secret"] == NOT_ISSUED else s["secret"][:SECRET_PREFIX_LEN]
+        ),
         urls=[
             UrlView(
                 url=r["url"],
@@ -239,17 +248,29 @@ def settings(
     )
 
 
-def _ensure_settings(conn: sqlite3.Connection, channel_pk: int, now: int) -> str | None:
-    """Create the channel's settings (and signing secret) if missing; the new secret or None."""
-    if secret_of(conn, channel_pk) is not None:
+def _ensure_settings(
+    conn: sqlite3.Connection, channel_pk: int, now: int, *, issue_secret: bool
+) -> str | None:
+    """Create the channel's settings if missing and, with ``issue_secret``, its signing secret
+    if it has none yet; the secret this call issued, or None."""
+    row = conn.execute(
+        "SELECT secret FROM channel_webhook_settings WHERE channel_pk = ?", (channel_pk,)
+    ).fetchone()
+    secret = ids.new_webhook_secret() if issue_secret else NOT_ISSUED
+    if row is None:
+        conn.execute(
+            "INSERT INTO channel_webhook_settings (channel_pk, secret, unsubscribe_token,"
+            " created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+            (channel_pk, secret, secrets.token_urlsafe(24), now, now),
+        )
+    elif issue_secret and row[0] == NOT_ISSUED:
+        conn.execute(
+            "UPDATE channel_webhook_settings SET secret = ?, updated_at = ? WHERE channel_pk = ?",
+            (secret, now, channel_pk),
+        )
+    else:
         return None
-    secret = ids.new_webhook_secret()
-    conn.execute(
-        "INSERT INTO channel_webhook_settings (channel_pk, secret, unsubscribe_token,"
-        " created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
-        (channel_pk, secret, secrets.token_urlsafe(24), now, now),
-    )
-    return secret
+    return secret or None
 
 
 def replace_urls(
@@ -258,7 +279,7 @@ def replace_urls(
     """Make ``urls`` the channel's whole list: omitted URLs are removed, new ones start at the
     journal's end, listed paused or disabled ones are re-enabled (what they kept follows).
     Returns the signing secret when this call created it."""
-    secret = _ensure_settings(conn, channel_pk, now)
+    secret = _ensure_settings(conn, channel_pk, now, issue_secret=True)
     existing = {
         r["url"]: r
         for r in conn.execute(
@@ -314,7 +335,7 @@ def rotate_secret(conn: sqlite3.Connection, channel_pk: int, now: int) -> str:
 
 
 def set_notify_email(conn: sqlite3.Connection, channel_pk: int, enabled: bool, now: int) -> None:
-    _ensure_settings(conn, channel_pk, now)
+    _ensure_settings(conn, channel_pk, now, issue_secret=False)
     conn.execute(
         "UPDATE channel_webhook_settings SET notify_email = ?, updated_at = ? WHERE channel_pk = ?",
         (int(enabled), now, channel_pk),
