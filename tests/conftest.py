@@ -1,7 +1,9 @@
 """Shared fixtures.
 
 Rules for every test here: a real SQLite file under pytest's tmp_path, the real daemon serving real
-HTTP on 127.0.0.1 with port 0, real clients (httpx); no sleeping on the wall clock.
+HTTP on 127.0.0.1 with port 0, real clients (httpx); no sleeping on the wall clock. Every response
+the shared clients get, and every webhook request the shared receiver gets, is checked against the
+OpenAPI document (tests/openapi_check.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from inboxd.config import Config, LimitsConfig, WebhooksConfig
 from inboxd.store import accounts
 from inboxd.store.db import Store
 from inboxd.timeutil import now_us
+from tests.openapi_check import check_response_hook, check_webhook_request
 from tests.receiver import Certs, Receiver, make_certs, running_receiver
 
 
@@ -132,17 +135,26 @@ def client_timeout() -> httpx.Timeout:
     return httpx.Timeout(10.0)
 
 
+# httpx event hooks that hold every response to the OpenAPI document.
+OPENAPI_HOOKS: dict[str, list[Any]] = {"response": [check_response_hook]}
+
+
 @pytest.fixture
 async def owner(base_url: str, seeded: Seed) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(
-        base_url=base_url, headers=auth(seeded.owner_key), timeout=client_timeout()
+        base_url=base_url,
+        headers=auth(seeded.owner_key),
+        timeout=client_timeout(),
+        event_hooks=OPENAPI_HOOKS,
     ) as client:
         yield client
 
 
 @pytest.fixture
 async def anon(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=base_url, timeout=client_timeout()) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=client_timeout(), event_hooks=OPENAPI_HOOKS
+    ) as client:
         yield client
 
 
@@ -172,6 +184,8 @@ def webhook_config(certs: Certs) -> Config:
 async def receiver(certs: Certs) -> AsyncIterator[Receiver]:
     async with running_receiver(certs) as r:
         yield r
+    for request in r.requests:
+        check_webhook_request(request.headers, request.body)
 
 
 async def ingest(client: httpx.AsyncClient, channel_id: str, phone: str, **extra: Any) -> Any:

@@ -21,7 +21,8 @@ import trio.testing
 from inboxd import daemon
 from inboxd.clock import TrioClock
 from inboxd.config import Config
-from tests.conftest import Seed, auth, ingest, webhook_config
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, webhook_config
+from tests.openapi_check import check_webhook_request
 from tests.receiver import Certs, Receiver, running_receiver
 
 MIN = 60.0
@@ -37,6 +38,8 @@ def config(certs: Certs) -> Config:
 async def second(certs: Certs) -> AsyncIterator[Receiver]:
     async with running_receiver(certs) as r:
         yield r
+    for request in r.requests:
+        check_webhook_request(request.headers, request.body)
 
 
 def hook(channel_id: str) -> str:
@@ -339,7 +342,10 @@ async def test_restart_mid_pause_keeps_the_probe_deadline(
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(run_daemon, first_stop)
             async with httpx.AsyncClient(
-                base_url=urls[0], headers=auth(seeded.owner_key), timeout=None
+                base_url=urls[0],
+                headers=auth(seeded.owner_key),
+                timeout=None,
+                event_hooks=OPENAPI_HOOKS,
             ) as c:
                 await save_urls(c, seeded.sales_id, receiver.url)
                 await send(c, seeded, "x")

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tests.conftest import Seed, auth
+from tests.conftest import OPENAPI_HOOKS, Seed, auth
 from tests.receiver import make_certs, running_receiver
 
 
@@ -64,7 +64,10 @@ async def test_sigkill_before_delivery_then_restart_delivers(seeded: Seed, tmp_p
     async with (
         running_receiver(certs) as receiver,
         httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", headers=auth(seeded.owner_key), timeout=10
+            base_url=f"http://127.0.0.1:{port}",
+            headers=auth(seeded.owner_key),
+            timeout=10,
+            event_hooks=OPENAPI_HOOKS,
         ) as api,
     ):
         receiver.statuses += [503] * 5  # the receiver is down while the first daemon runs

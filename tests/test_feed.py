@@ -21,6 +21,7 @@ from trio_websocket import (
 from inboxd import daemon
 from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
 from tests.conftest import Seed, auth, ingest
+from tests.openapi_check import check_feed_frame
 
 CONV = "/api/v1/inbox/conversations"
 
@@ -52,7 +53,9 @@ async def frames(ws: WebSocketConnection, count: int, within: float = 10) -> lis
     out = []
     with trio.fail_after(within):
         while len(out) < count:
-            out.append(json.loads(await ws.get_message()))
+            frame = json.loads(await ws.get_message())
+            check_feed_frame(frame)
+            out.append(frame)
     return out
 
 

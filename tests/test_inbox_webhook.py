@@ -17,7 +17,7 @@ from inboxd import daemon
 from inboxd.config import Config
 from inboxd.store.db import Store
 from inboxd.webhooks import catalog
-from tests.conftest import Seed, auth, ingest, webhook_config
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, webhook_config
 from tests.receiver import Certs, Receiver, running_receiver
 
 HOOK = "/api/v1/inbox/webhook"
@@ -387,7 +387,9 @@ async def test_a_committed_event_survives_a_crash_before_delivery(
                     task_status=task_status,
                 )
             )
-            async with httpx.AsyncClient(base_url=urls[0], headers=auth(seeded.owner_key)) as c:
+            async with httpx.AsyncClient(
+                base_url=urls[0], headers=auth(seeded.owner_key), event_hooks=OPENAPI_HOOKS
+            ) as c:
                 await save(c, receiver.url)
                 conv = await new_conversation(c, seeded)
                 await c.post(f"{CONV}/{conv}/block")

@@ -15,7 +15,7 @@ from aiosmtpd.controller import Controller
 from inboxd import daemon
 from inboxd.clock import TrioClock
 from inboxd.config import Config, LimitsConfig, MailConfig, WebhooksConfig
-from tests.conftest import Seed, auth, ingest
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest
 from tests.receiver import make_certs, running_receiver
 from tests.test_team import TEAM, token_of
 
@@ -99,7 +99,10 @@ async def test_a_mail_server_that_is_down_delays_only_the_mail(
             )
         )
         async with httpx.AsyncClient(
-            base_url=urls[0], headers=auth(seeded.owner_key), timeout=None
+            base_url=urls[0],
+            headers=auth(seeded.owner_key),
+            timeout=None,
+            event_hooks=OPENAPI_HOOKS,
         ) as owner:
             saved = await owner.post(
                 f"/api/v1/channels/{seeded.sales_id}/webhook", json={"urls": [receiver.url]}

@@ -1,4 +1,10 @@
-"""Operational routes without a key: liveness, readiness and metrics (CONTRACT section 9)."""
+"""Operational routes without a key: liveness, readiness, metrics and the OpenAPI document
+(CONTRACT section 9).
+
+None of them goes through ``authenticate``: they need no key and are not rate-limited per key. The
+OpenAPI document holds no secrets; API docs are public (README, "where the spec and contract are
+silent").
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ from quart import Blueprint, Response
 
 from inboxd.api.app import state
 from inboxd.api.http import json_response
+from inboxd.api.openapi import OPENAPI_PATH, document_json
 from inboxd.metrics import CONTENT_TYPE
 from inboxd.store import channel_webhooks
 from inboxd.store.db import schema_version
@@ -41,3 +48,8 @@ async def metrics() -> Response:
         supervisors=0 if st.channel_hub is None else st.channel_hub.supervisors,
     )
     return Response(body, content_type=CONTENT_TYPE)
+
+
+@blueprint.get(OPENAPI_PATH)
+async def openapi() -> Response:
+    return Response(document_json(), content_type="application/json")
