@@ -177,6 +177,6 @@ async def list_events() -> Response:
     more = "true" if has_more else "false"
     # Events after ``after`` that were pruned (older than feed.retention) are gone: say so, as
     # the feed's feed.reset does, so the client refetches the state it keeps.
-    reset = ',"reset":true' if after < await store.read(events.pruned_through) else ""
-    body = f'{{"events":[{",".join(frames)}],"nextAfter":{last},"hasMore":{more}{reset}}}'
+    reset = "true" if after < await store.read(events.pruned_through) else "false"
+    body = f'{{"events":[{",".join(frames)}],"nextAfter":{last},"hasMore":{more},"reset":{reset}}}'
     return Response(body, content_type="application/json")

@@ -452,13 +452,11 @@ def resource_schemas() -> dict[str, Schema]:
                 "events": array(ref("FeedEvent"), "oldest first"),
                 "nextAfter": integer("pass back as `after`", minimum=0),
                 "hasMore": boolean(),
-                "reset": {
-                    "const": True,
-                    "description": "present only when events after `after` were pruned"
-                    " (older than feed.retention): refetch the state you keep",
-                },
+                "reset": boolean(
+                    "true when events after `after` were pruned (older than feed.retention):"
+                    " refetch the state you keep, then go on from `nextAfter`"
+                ),
             },
-            optional=["reset"],
         ),
         "FeedReset": record(
             {"type": {"const": "feed.reset"}},
