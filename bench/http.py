@@ -244,7 +244,12 @@ def combine(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def search_latency(data: Path, ids: dict[str, Any], rounds: int = 15) -> dict[str, Any]:
     """Search one query at a time in the largest, the median and the smallest channel: every
-    query of the list ``rounds`` times each, timed at the store (the API adds its ~1 ms)."""
+    query of the list ``rounds`` times each, timed at the store (the API adds its ~1 ms).
+
+    The first run of each query is kept apart: it may read its index pages from the disk, and
+    whether it does depends on what the OS cache holds after the previous benchmarks (copies of
+    the store evict it), which made the p99 of the smallest channel swing from 28 to 53 ms
+    between two runs. p50 and p99 are of the other runs; the slowest first run is reported."""
     store = Store.open(data, readers=1)
     out: dict[str, Any] = {}
     try:
@@ -252,12 +257,14 @@ def search_latency(data: Path, ids: dict[str, Any], rounds: int = 15) -> dict[st
         for size, (channel, _) in ids["search_channels"].items():
             times: list[float] = []
             per_query: dict[str, float] = {}
+            first: dict[str, float] = {}
             for query in ids["queries"]:
                 mine = []
-                for _ in range(rounds):
+                for _ in range(rounds + 1):
                     started = time.perf_counter()
                     store.read_sync(conversations.search, who, channel, query, 50)
                     mine.append((time.perf_counter() - started) * 1000)
+                first[query] = mine.pop(0)
                 per_query[query] = max(mine)
                 times += mine
             times.sort()
@@ -265,6 +272,8 @@ def search_latency(data: Path, ids: dict[str, Any], rounds: int = 15) -> dict[st
                 "p50_ms": times[len(times) // 2],
                 "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))],
                 "slowest_ms_by_query": per_query,
+                "first_run_ms_by_query": first,
+                "slowest_first_run_ms": max(first.values()),
             }
     finally:
         store.close()
@@ -425,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
                 f"search p50 / p99, {size} channel",
                 f"{figures['p50_ms']:.1f} / {figures['p99_ms']:.1f} ms",
                 f"{conversations_in_it:,} conversations; one query at a time, store level;"
-                " target p99 < 50 ms",
+                f" slowest first run {figures['slowest_first_run_ms']:.1f} ms; target p99 < 50 ms",
             )
         )
     report(

@@ -250,18 +250,24 @@ def channel_token(channel_pk: int) -> str:
     )
 
 
-_FETCH: Final = 256
+# The fewest rows asked of SQLite at once (Python's per-call cost).
+_MIN_FETCH: Final = 16
 
 
 def _first_distinct(
     conn: sqlite3.Connection, sql: str, params: tuple[object, ...], limit: int, skip: set[int]
 ) -> list[int]:
     """The first ``limit`` distinct conversation pks the query yields, leaving out ``skip``;
-    reads only as many rows as that takes."""
+    reads only as many rows as that takes.
+
+    Each fetch asks for as many rows as pks are still missing: SQLite makes every row it is
+    asked for, and in a small channel a row of a common phrase can cost ~100 us of seeking
+    through the trigram index. Fetching 256 at a time made five times the rows a page needed
+    (the smallest channel's p99 was 45-53 ms)."""
     found: dict[int, None] = {}
     cursor = conn.execute(sql, params)
     while len(found) < limit:
-        rows = cursor.fetchmany(_FETCH)
+        rows = cursor.fetchmany(max(limit - len(found), _MIN_FETCH))
         if not rows:
             break
         for (pk,) in rows:
