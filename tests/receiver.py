@@ -63,6 +63,8 @@ class Receiver:
     default_status: int = 200
     # While set, each request is answered only once this event is set (the sender waits).
     gate: trio.Event | None = None
+    # The body of every answer.
+    answer_body: bytes = b"ok"
     _arrived: trio.Event = attrs.Factory(trio.Event)
 
     async def wait_for(self, count: int, within: float = 3600) -> list[Received]:
@@ -111,7 +113,7 @@ class Receiver:
         headers = [(b"content-type", b"text/plain")]
         headers += [(k.encode(), v.encode()) for k, v in extra.items()]
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": b"ok"})
+        await send({"type": "http.response.body", "body": self.answer_body})
 
 
 @asynccontextmanager

@@ -10,7 +10,7 @@ import pytest
 
 from inboxd.config import WebhooksConfig
 from inboxd.errors import Unprocessable
-from inboxd.webhooks.client import make_client, post_event, sign, validate_url
+from inboxd.webhooks.client import MAX_ANSWER_BYTES, make_client, post_event, sign, validate_url
 from tests.receiver import make_certs, running_receiver
 
 
@@ -89,3 +89,34 @@ async def test_redirects_are_not_followed_and_tls_is_verified(tmp_path: Path) ->
             refused = await post_event(untrusting, receiver.url, "whsec_x", b"{}", "t", "dlv_2")
         assert refused.status is None and refused.error is not None
         assert len(receiver.requests) == 1
+
+
+async def test_an_answer_is_read_up_to_a_bound_and_the_connection_kept_when_it_can_be(
+    tmp_path: Path,
+) -> None:
+    """post_event goes to the transport directly: the headers a receiver sees are the same as
+    through the client, a small answer leaves the connection for the next POST, and a large
+    one is cut at MAX_ANSWER_BYTES and costs only its connection."""
+    certs = make_certs(tmp_path)
+    async with running_receiver(certs) as receiver:
+        client = make_client(WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True))
+        async with client:
+            pool = client.webhook_transport._pool
+            first = await post_event(client, receiver.url, "whsec_x", b'{"a":1}', "t", "dlv_1")
+            second = await post_event(client, receiver.url, "whsec_x", b'{"a":2}', "t", "dlv_2")
+            assert first.ok and second.ok and first.error is None
+            assert len(pool.connections) == 1  # the first connection served the second POST
+            receiver.answer_body = b"x" * (4 * MAX_ANSWER_BYTES)
+            big = await post_event(client, receiver.url, "whsec_x", b'{"a":3}', "t", "dlv_3")
+            assert big.ok and big.status == 200
+            assert len(pool.connections) == 0  # cut short: that connection was dropped
+            receiver.answer_body = b"ok"
+            again = await post_event(client, receiver.url, "whsec_x", b'{"a":4}', "t", "dlv_4")
+            assert again.ok
+        request = receiver.requests[0]
+        assert request.body == b'{"a":1}' and request.signature_ok("whsec_x")
+        assert request.headers["user-agent"].startswith("inboxd/")
+        assert request.headers["content-type"] == "application/json"
+        assert request.headers["x-svc-event"] == "t"
+        assert request.headers["x-svc-delivery"] == "dlv_1"
+        assert len(receiver.requests) == 4

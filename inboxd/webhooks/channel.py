@@ -27,7 +27,6 @@ import logging
 from typing import Final
 
 import attrs
-import httpx
 import trio
 
 from inboxd import ids
@@ -37,7 +36,7 @@ from inboxd.metrics import Metrics
 from inboxd.store import channel_webhooks as cw
 from inboxd.store.db import Appended, CommitSignal, Store
 from inboxd.store.events import JournalEvent, encode_envelope
-from inboxd.webhooks.client import post_event
+from inboxd.webhooks.client import WebhookClient, post_event
 from inboxd.webhooks.policy import DISABLED, PAUSED, Policy, classify, decide, wake_at
 
 log = logging.getLogger("inboxd.channel_webhooks")
@@ -65,7 +64,7 @@ class ChannelWebhookHub:
     def __init__(
         self,
         store: Store,
-        client: httpx.AsyncClient,
+        client: WebhookClient,
         config: ChannelWebhooksConfig,
         clock: Clock,
         base_url: str,

@@ -30,7 +30,6 @@ import logging
 import random
 from typing import Final
 
-import httpx
 import trio
 
 from inboxd import ids
@@ -39,7 +38,7 @@ from inboxd.config import InboxWebhookConfig
 from inboxd.metrics import Metrics
 from inboxd.store import webhooks
 from inboxd.store.db import Appended, Store
-from inboxd.webhooks.client import Outcome, post_event
+from inboxd.webhooks.client import Outcome, WebhookClient, post_event
 
 log = logging.getLogger("inboxd.inbox_webhook")
 
@@ -65,7 +64,7 @@ class InboxWebhookDeliverer:
     def __init__(
         self,
         store: Store,
-        client: httpx.AsyncClient,
+        client: WebhookClient,
         config: InboxWebhookConfig,
         account_pk: int,
         clock: Clock,
