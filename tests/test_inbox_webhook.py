@@ -163,6 +163,7 @@ async def test_every_change_is_delivered_signed_in_commit_order(
         assert set(envelope["data"]) == set(examples[envelope["type"]])
         assert envelope["data"]["conversationId"] == conv
     assert len({e["id"] for e in envelopes}) == len(envelopes)
+    assert await recorded_outcomes(owner, 7) == ["delivered"] * 7
     status = (await owner.get(HOOK)).json()
     assert status["lastDeliveryStatus"] == 200 and status["lastDeliveryError"] is None
     assert status["lastDeliveryAt"] is not None
@@ -308,9 +309,9 @@ async def test_failures_are_retried_on_schedule_and_later_events_wait(
     # 10 s (+ up to 20 % jitter), then 1 min but at least the 120 s Retry-After.
     assert 10 - 1e-6 <= got[1].at - first[0].at <= 12.5
     assert 120 - 1e-6 <= got[2].at - got[1].at <= 125
+    await recorded_outcomes(owner, 4)  # records follow their deliveries by a few ms
     status = (await owner.get(HOOK)).json()
     assert status["lastDeliveryStatus"] == 200 and status["lastDeliveryError"] is None
-    await recorded_outcomes(owner, 4)
     log = (await owner.get(f"{HOOK}/deliveries")).json()
     assert [(d["type"], d["attempt"], d["outcome"], d["status"]) for d in log["deliveries"]] == [
         ("inbox.conversation.unblocked", 1, "delivered", 200),
