@@ -123,6 +123,32 @@ async def test_auth_by_first_frame_and_refusals(
     assert closed.value.reason.code == 1008
 
 
+@pytest.mark.parametrize("config", [Config(limits=LimitsConfig(requests_per_second=1, burst=2))])
+async def test_opening_the_feed_counts_against_the_keys_rate(
+    base_url: str, seeded: Seed, config: Config
+) -> None:
+    """An upgrade is a request: a key over its rate gets 429 and Retry-After before the upgrade,
+    or, authenticating by its first frame, a 1013 close."""
+    async with feed(base_url, seeded.ann_key):
+        pass
+    async with feed(base_url, seeded.ann_key):
+        pass  # the burst of two is spent
+    with pytest.raises(ConnectionRejected) as rejected:
+        async with feed(base_url, seeded.ann_key):
+            pass
+    assert rejected.value.status_code == 429
+    headers = {k.decode().lower(): v.decode() for k, v in rejected.value.headers or []}
+    assert int(headers["retry-after"]) >= 1
+    assert json.loads(rejected.value.body or b"{}")["error"]["code"] == "rate_limited"
+    async with open_websocket_url(ws_url(base_url)) as ws:
+        await ws.send_message(json.dumps({"type": "auth", "token": seeded.ann_key}))
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.get_message()
+    assert closed.value.reason.code == 1013
+    async with feed(base_url, seeded.bob_key):  # another key has its own bucket
+        pass
+
+
 async def test_no_auth_frame_within_10_s_closes(
     autojump_clock: trio.testing.MockClock, base_url: str
 ) -> None:

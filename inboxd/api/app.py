@@ -151,14 +151,21 @@ async def authenticate() -> Response | None:
     who = await st.keys.lookup(token)
     if who is None:
         raise Unauthorized("the API key is unknown or revoked")
+    take_rate(who)
+    g.principal = who
+    return await _idempotency_claim(who)
+
+
+def take_rate(who: Principal) -> None:
+    """Count one request against the key's token bucket (RateLimited when it is empty) and
+    note the key's use. HTTP requests and websocket upgrades of the feed both go through it."""
+    st = state()
     wait = st.limiter.take(who.key_pk)
     if wait > 0:
         raise RateLimited(
             "too many requests for this API key; slow down", retry_after=retry_after_seconds(wait)
         )
     st.key_usage[who.key_pk] = now_us()
-    g.principal = who
-    return await _idempotency_claim(who)
 
 
 IDEMPOTENT_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})

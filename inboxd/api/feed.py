@@ -8,11 +8,12 @@ from typing import Final, cast
 import trio
 from quart import Blueprint, Response, request, websocket
 
-from inboxd.api.app import authenticate, now_us, principal, state
+from inboxd.api.app import authenticate, now_us, principal, state, take_rate
 from inboxd.api.http import arg_limit
-from inboxd.errors import InvalidRequest, Unauthorized
+from inboxd.errors import InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import (
     CLOSE_POLICY,
+    CLOSE_TRY_AGAIN_LATER,
     FeedClient,
     FeedEvent,
     concerns_user,
@@ -48,6 +49,7 @@ async def _principal_from_header() -> Principal | None:
         who = await state().store.read(accounts.authenticate, token.strip())
     if who is None:
         raise Unauthorized("the API key is missing, unknown or revoked")
+    take_rate(who)  # over the key's rate: 429 before the upgrade
     return who
 
 
@@ -76,6 +78,11 @@ async def feed() -> None:
         who = await _principal_from_first_frame()
         if who is None:
             await websocket.close(CLOSE_POLICY, "authenticate with a valid API key")
+            return
+        try:
+            take_rate(who)
+        except RateLimited as exc:
+            await websocket.close(CLOSE_TRY_AGAIN_LATER, exc.message)
             return
     hub = state().feed_hub
     assert hub is not None

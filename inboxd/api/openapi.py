@@ -698,6 +698,9 @@ conversation, so this operation documents only the upgrade request; the protocol
 - **Auth**: `Authorization: Bearer <key>` on the upgrade (a bad one is refused with 401 before the
   upgrade), or, for browsers, the first text frame `{"type": "auth", "token": "<key>"}` within
   10 s; without a valid one the server closes with 1008.
+- **Rate limit**: opening the feed counts as one request against the key's rate: over it, the
+  upgrade is refused with 429 and `Retry-After` (or, with first-frame auth, the server closes
+  with 1013).
 - **Frames** from the server are JSON text: `FeedEvent` (the webhook envelope plus `seq`, which
   grows in commit order), and, first, `FeedReset` (`{"type": "feed.reset"}`) when `since` is older
   than `feed.retention` or beyond the journal: refetch the state you keep.
@@ -708,9 +711,9 @@ conversation, so this operation documents only the upgrade request; the protocol
   duplicate.
 - The server pings every 20 s and ignores what the client sends after auth. Close codes: 1008
   (auth failed, key revoked, member removed), 1013 (the client did not keep up: reconnect with
-  `since`), 1001 (the server is shutting down).
+  `since`; or over the key's rate at first-frame auth), 1001 (the server is shutting down).
 - A request to this path that is not a websocket upgrade is answered 400.
-- Not rate-limited; Idempotency-Key does not apply."""
+- Idempotency-Key does not apply."""
 
 
 def feed_operations() -> list[Entry]:
@@ -724,7 +727,12 @@ def feed_operations() -> list[Entry]:
         access="public",
         description=FEED_DESCRIPTION,
         parameters=[query("since", integer(minimum=0), "Replay the events after this `seq`.")],
-        errors={400: ["invalid_request"], 401: ["unauthorized"], 503: ["query_timeout"]},
+        errors={
+            400: ["invalid_request"],
+            401: ["unauthorized"],
+            429: ["rate_limited"],
+            503: ["query_timeout"],
+        },
     )
     feed["security"] = [{BEARER: []}, {}]  # the key comes on the upgrade or in the first frame
     return [
