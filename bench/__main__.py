@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import ab, delivery, feed, generate, http, supervisors
+from bench import ab, delivery, delivery_ab, feed, generate, http, supervisors
 
 BENCHMARKS = {
     "ab": ab,
     "delivery": delivery,
+    "delivery-ab": delivery_ab,
     "feed": feed,
     "generate": generate,
     "http": http,

@@ -15,16 +15,16 @@ made from it, and each daemon migrates its own. Needs wrk and git; the copies ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import report
+from bench.common import baseline_worktree, report
 from bench.feed import ROOT, free_port, start, wait_http
 from bench.http import (
     LUA_BARE_PATCH,
@@ -51,6 +51,12 @@ def _copy_store(source: Path, target: Path) -> None:
     target.mkdir(parents=True)
     for f in source.iterdir():  # the database, its WAL if any, bench.json
         shutil.copy2(f, target / f.name)
+
+
+def _stop(processes: dict[str, Any]) -> None:
+    for process in processes.values():
+        process.terminate()
+        process.wait(15)
 
 
 def _settle(stores: list[Path]) -> None:
@@ -109,14 +115,11 @@ def run(args: argparse.Namespace) -> int:
         rows = [r for r in rows if r not in ("title", "assignee")]
     requests = _requests(ids)
     work = Path(tempfile.mkdtemp(prefix="inboxd-ab-"))
-    baseline_src = work / "baseline"
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", "-q", str(baseline_src), args.baseline],
-        cwd=ROOT,
-        check=True,
-    )
     daemons: dict[str, Any] = {}
-    try:
+    with contextlib.ExitStack() as cleanup:
+        baseline_src = cleanup.enter_context(baseline_worktree(args.baseline, work / "baseline"))
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        cleanup.callback(_stop, daemons)
         stores = {"before": work / "before", "after": work / "after"}
         for store in stores.values():
             _copy_store(source, store)
@@ -165,12 +168,6 @@ def run(args: argparse.Namespace) -> int:
                 a / b for a, b in zip(seen["after"], seen["before"], strict=True)
             )
             figures[row] = {"rps": median, "ratio": ratio, "slices": seen, "non_2xx": errors}
-    finally:
-        for process in daemons.values():
-            process.terminate()
-            process.wait(15)
-        subprocess.run(["git", "worktree", "remove", "--force", str(baseline_src)], cwd=ROOT)
-        shutil.rmtree(work, ignore_errors=True)
     table = [
         ("row", "before / after req/s (median)", "shares of the ceiling; after / before (median)")
     ]

@@ -6,11 +6,34 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def baseline_worktree(revision: str, where: Path) -> Iterator[Path]:
+    """``revision`` checked out at ``where`` (a temporary git worktree), removed afterwards."""
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", "-q", str(where), revision], cwd=ROOT, check=True
+    )
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT)
+
+
+def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """CPU time (user + system) of one thread of another process; its main thread by default."""
+    with open(f"/proc/{pid}/task/{tid or pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes() -> int:

@@ -26,9 +26,7 @@ import httpx
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from bench.common import report
-
-ROOT = Path(__file__).parent.parent
+from bench.common import ROOT, report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
