@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,17 @@ from inboxd.errors import Conflict, ServiceUnavailable
 from inboxd.store import db, events
 from inboxd.store.db import Appended, ReaderConnection, Store
 from tests.conftest import seed_store
+
+
+@pytest.fixture
+def patient_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    """A seeded store whose functions, once sent to a worker thread for overrunning the inline
+    budget, stay there for the rest of the test however slow the machine (the default "while"
+    is 1 s; a long read here takes ~1.5 s)."""
+    monkeypatch.setattr(db, "INLINE_BACKOFF_SECONDS", 60.0)
+    store = Store.open(seed_store(tmp_path / "data").data_dir)
+    yield store
+    store.close()
 
 
 def append_event(conn: sqlite3.Connection, n: int, fail: bool) -> int:
@@ -228,26 +240,20 @@ def count_to(conn: sqlite3.Connection, n: int) -> int:
 
 
 async def test_short_reads_stay_on_the_loop_and_long_ones_move_to_a_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    patient_store: Store,
 ) -> None:
-    # "For a while" outlasts the long read however slow the machine (it takes ~1.5 s here).
-    monkeypatch.setattr(db, "INLINE_BACKOFF_SECONDS", 60.0)
-    seed = seed_store(tmp_path / "data")
-    store = Store.open(seed.data_dir)
-    try:
-        assert await store.read(count_to, 10) == 10
-        assert (store.inline_reads, store.offloaded_reads) == (1, 0)
-        # Far past the inline budget: interrupted on the loop, then answered from a thread.
-        assert await store.read(count_to, 3_000_000) == 3_000_000
-        assert (store.inline_reads, store.offloaded_reads) == (1, 1)
-        # The function that overran goes straight to a thread for a while, even when short;
-        # other functions still run inline.
-        assert await store.read(count_to, 5) == 5
-        assert (store.inline_reads, store.offloaded_reads) == (1, 2)
-        assert await store.read(lambda c: c.execute("SELECT 41 + 1").fetchone()[0]) == 42
-        assert (store.inline_reads, store.offloaded_reads) == (2, 2)
-    finally:
-        store.close()
+    store = patient_store
+    assert await store.read(count_to, 10) == 10
+    assert (store.inline_reads, store.offloaded_reads) == (1, 0)
+    # Far past the inline budget: interrupted on the loop, then answered from a thread.
+    assert await store.read(count_to, 3_000_000) == 3_000_000
+    assert (store.inline_reads, store.offloaded_reads) == (1, 1)
+    # The function that overran goes straight to a thread for a while, even when short;
+    # other functions still run inline.
+    assert await store.read(count_to, 5) == 5
+    assert (store.inline_reads, store.offloaded_reads) == (1, 2)
+    assert await store.read(lambda c: c.execute("SELECT 41 + 1").fetchone()[0]) == 42
+    assert (store.inline_reads, store.offloaded_reads) == (2, 2)
 
 
 async def test_the_loop_is_never_held_much_past_the_inline_budget(tmp_path: Path) -> None:
@@ -435,38 +441,32 @@ async def test_writes_run_on_the_loop_and_only_the_commit_leaves_it(tmp_path: Pa
 
 
 async def test_a_write_over_the_budget_is_redone_in_a_thread_with_one_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    patient_store: Store,
 ) -> None:
-    monkeypatch.setattr(db, "INLINE_BACKOFF_SECONDS", 60.0)
-    seed = seed_store(tmp_path / "data")
-    store = Store.open(seed.data_dir)
-    try:
-        runs: list[int] = []
+    store = patient_store
+    runs: list[int] = []
 
-        def slow_append(conn: sqlite3.Connection, n: int) -> int:
-            runs.append(threading.get_ident())
-            seq = append_event(conn, n, False)
-            assert count_to(conn, 3_000_000) == 3_000_000  # far past the inline budget
-            return seq
+    def slow_append(conn: sqlite3.Connection, n: int) -> int:
+        runs.append(threading.get_ident())
+        seq = append_event(conn, n, False)
+        assert count_to(conn, 3_000_000) == 3_000_000  # far past the inline budget
+        return seq
 
-        seq = await store.write(slow_append, 1)
-        # Interrupted on the loop (its event undone), then done once in a thread.
-        assert len(runs) == 2 and runs[0] == threading.get_ident() != runs[1]
-        assert store.offloaded_batches == 1
-        bodies = store.read_sync(
-            lambda c: [
-                tuple(r)
-                for r in c.execute("SELECT seq, body FROM events WHERE type = 'test.event'")
-            ]
-        )
-        assert len(bodies) == 1 and bodies[0][0] == seq
-        # That function goes straight to a thread for a while; others stay on the loop.
-        await store.write(slow_append, 2)
-        assert len(runs) == 3 and runs[2] != threading.get_ident()
-        await store.write(append_event, 3, False)
-        assert store.offloaded_batches == 2
-    finally:
-        store.close()
+    seq = await store.write(slow_append, 1)
+    # Interrupted on the loop (its event undone), then done once in a thread.
+    assert len(runs) == 2 and runs[0] == threading.get_ident() != runs[1]
+    assert store.offloaded_batches == 1
+    bodies = store.read_sync(
+        lambda c: [
+            tuple(r) for r in c.execute("SELECT seq, body FROM events WHERE type = 'test.event'")
+        ]
+    )
+    assert len(bodies) == 1 and bodies[0][0] == seq
+    # That function goes straight to a thread for a while; others stay on the loop.
+    await store.write(slow_append, 2)
+    assert len(runs) == 3 and runs[2] != threading.get_ident()
+    await store.write(append_event, 3, False)
+    assert store.offloaded_batches == 2
 
 
 async def test_a_write_waits_in_a_thread_while_another_process_holds_the_store(
