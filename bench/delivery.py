@@ -72,6 +72,8 @@ class Receiver:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # a sender stopped mid-request (delivery-ab stops daemons mid-backlog)
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
