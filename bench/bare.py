@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
+
+from inboxd import heap
 
 app = QuartTrio("bare")
 clients: set[trio.MemorySendChannel[str]] = set()
@@ -86,7 +89,9 @@ async def main(port: int) -> None:
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None
     config.websocket_ping_interval = 20
-    await serve(app, config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(serve, app, config))
+        heap.settle()  # the daemon's collector settings (inboxd/heap.py): the same setup
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from inboxd import daemon
+    from inboxd import daemon, heap
 
     data_dir = _data_dir(args)
     config = Config.load(args.config)
@@ -115,9 +115,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         log.info("stopping", extra={"signal": signal.Signals(signum).name})
                         shutdown.set()
 
+                async def serve(
+                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+                ) -> None:
+                    await daemon.run(
+                        data_dir, config, shutdown, bind=args.bind, task_status=task_status
+                    )
+                    nursery.cancel_scope.cancel()
+
                 nursery.start_soon(on_signals)
-                await daemon.run(data_dir, config, shutdown, bind=args.bind)
-                nursery.cancel_scope.cancel()
+                await nursery.start(serve)
+                # What start-up created lives as long as the process: keep the collector off it.
+                heap.settle()
 
     trio.run(main)
     return 0

@@ -2,7 +2,8 @@
 
 Counted as things happen: HTTP requests by route, method and status with a latency histogram per
 route, inbox webhook attempts by outcome, channel webhook attempts by outcome. Read when scraped:
-channel webhook URLs by state (from the store), open feed clients, webhook supervisors.
+channel webhook URLs by state (from the store), open feed clients, webhook supervisors, and the
+process's memory, CPU and garbage collector.
 
 Routes are labelled by their rule (``/api/v1/inbox/conversations/<conversation_id>``), never by
 the path a client sent, so the number of series stays fixed; a path no rule matches is
@@ -11,9 +12,18 @@ the path a client sent, so the number of series stays fixed; a path no rule matc
 
 from __future__ import annotations
 
+import gc
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: the API's answers take from a fraction of a millisecond to a few hundred (search).
@@ -65,6 +75,15 @@ class Metrics:
             "Running channel webhook URL supervisor tasks.",
             registry=r,
         )
+        # The process (memory, CPU, file descriptors) and its garbage collector, as the default
+        # registry would have them; see inboxd/heap.py for the collector's settings.
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        Gauge(
+            "inboxd_gc_frozen_objects",
+            "Objects start-up left, moved out of the collector's way (0 until start-up is done).",
+            registry=r,
+        ).set_function(gc.get_freeze_count)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)

@@ -3,6 +3,7 @@ feed clients, each read from the running daemon."""
 
 from __future__ import annotations
 
+import gc
 import re
 
 import httpx
@@ -101,3 +102,15 @@ async def test_deliveries_url_states_and_feed_clients(
     assert value(samples, "inboxd_channel_webhook_urls", state="delivering") == 1
     assert value(samples, "inboxd_channel_webhook_urls", state="paused") == 0
     assert value(samples, "inboxd_channel_webhook_supervisors") == 1
+
+
+async def test_the_process_and_its_garbage_collector_are_exported(anon: httpx.AsyncClient) -> None:
+    before = await scrape(anon)
+    gc.collect()
+    after = await scrape(anon)
+    collections = "python_gc_collections_total"
+    assert value(after, collections, generation="2") > value(before, collections, generation="2")
+    assert value(after, "process_resident_memory_bytes") > 10 * 2**20
+    assert value(after, "process_open_fds") > 0
+    # An in-process daemon (tests) never freezes the heap: only `inboxd serve` does (test_cli).
+    assert value(after, "inboxd_gc_frozen_objects") == gc.get_freeze_count()
