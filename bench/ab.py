@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             path, script, targets = requests[row]
             bare_script = LUA_BARE_PATCH if targets else None
             seen: dict[str, list[float]] = {"before": [], "after": [], "bare": []}
+            p99s: dict[str, list[float]] = {"before": [], "after": [], "bare": []}
             errors = {"before": 0.0, "after": 0.0}
             for who in ("before", "after"):  # warm-up: page cache, first-use costs
                 if targets:
@@ -155,31 +156,47 @@ def run(args: argparse.Namespace) -> int:
                 load(url, paths.get(row, ""), ids["key"], script)
             for i in range(args.slices):
                 ceiling = f"http://127.0.0.1:{ports['bare']}/ceiling"
-                seen["bare"].append(load(ceiling, "", None, bare_script)["rps"])
+                bare = load(ceiling, "", None, bare_script)
+                seen["bare"].append(bare["rps"])
+                p99s["bare"].append(bare["p99_ms"])
                 for who in ("before", "after") if i % 2 == 0 else ("after", "before"):
                     if targets:  # every write a real change: both stores start each slice alike
                         reset_for_writes(stores[who], targets)
                     url = f"http://127.0.0.1:{ports[who]}{path}"
                     result = load(url, paths.get(row, ""), ids["key"], script)
                     seen[who].append(result["rps"])
+                    p99s[who].append(result["p99_ms"])
                     errors[who] += result["non_2xx"]
             median = {k: statistics.median(v) for k, v in seen.items()}
+            p99 = {k: statistics.median(v) for k, v in p99s.items()}
             ratio = statistics.median(
                 a / b for a, b in zip(seen["after"], seen["before"], strict=True)
             )
-            figures[row] = {"rps": median, "ratio": ratio, "slices": seen, "non_2xx": errors}
+            figures[row] = {
+                "rps": median,
+                "ratio": ratio,
+                "p99_ms": p99,
+                "slices": seen,
+                "p99_slices": p99s,
+                "non_2xx": errors,
+            }
     table = [
-        ("row", "before / after req/s (median)", "shares of the ceiling; after / before (median)")
+        (
+            "row",
+            "before / after req/s (median)",
+            "shares of the ceiling; after / before (median); p99 ms (median slice)",
+        )
     ]
     for row, f in figures.items():
-        m = f["rps"]
+        m, p = f["rps"], f["p99_ms"]
         errors = "" if not any(f["non_2xx"].values()) else f"; non-2xx {f['non_2xx']}"
         table.append(
             (
                 row,
                 f"{m['before']:,.0f} / {m['after']:,.0f}",
                 f"ceiling {m['bare']:,.0f}: {m['before'] / m['bare']:.0%} -> "
-                f"{m['after'] / m['bare']:.0%}; x{f['ratio']:.3f}{errors}",
+                f"{m['after'] / m['bare']:.0%}; x{f['ratio']:.3f}; p99 {p['before']:.0f} -> "
+                f"{p['after']:.0f} (ceiling {p['bare']:.0f}){errors}",
             )
         )
     report("ab", table, {"args": vars(args), "figures": figures})

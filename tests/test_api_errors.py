@@ -37,6 +37,13 @@ async def test_unknown_path_is_404_json(owner: httpx.AsyncClient) -> None:
     assert_error(await owner.get("/nowhere"), 404, "not_found")
 
 
+async def test_plain_http_to_the_feed_says_it_is_a_websocket(owner: httpx.AsyncClient) -> None:
+    response = await owner.get("/api/v1/inbox/feed")
+    assert_error(response, 400, "invalid_request")
+    assert "websocket" in response.json()["error"]["message"]
+    assert response.headers["upgrade"] == "websocket"
+
+
 async def test_wrong_method_is_405_with_allow(owner: httpx.AsyncClient) -> None:
     response = await owner.delete("/api/v1/inbox/channels")
     assert_error(response, 405, "method_not_allowed")

@@ -22,6 +22,7 @@ from quart import Response, current_app, g, request
 from quart.sessions import NullSession, SessionInterface
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import WebsocketMismatch
 
 from inboxd import ids
 from inboxd.api.http import json_response
@@ -288,6 +289,9 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
         code = _HTTP_CODES.get(status, "http_error")
         message = _HTTP_MESSAGES.get(status) or (exc.description or exc.name)
         headers: dict[str, Any] = {}
+        if isinstance(exc, WebsocketMismatch):  # plain HTTP to the feed
+            message = "this path is a websocket: open it with a websocket upgrade"
+            headers["Upgrade"] = "websocket"
         if status == 413:
             # The rest of the body is not read: the connection cannot be reused.
             headers["Connection"] = "close"

@@ -712,7 +712,8 @@ conversation, so this operation documents only the upgrade request; the protocol
 - The server pings every 20 s and ignores what the client sends after auth. Close codes: 1008
   (auth failed, key revoked, member removed), 1013 (the client did not keep up: reconnect with
   `since`; or over the key's rate at first-frame auth), 1001 (the server is shutting down).
-- A request to this path that is not a websocket upgrade is answered 400.
+- A request to this path that is not a websocket upgrade is answered 400 (`invalid_request`,
+  with `Upgrade: websocket`).
 - Idempotency-Key does not apply."""
 
 
