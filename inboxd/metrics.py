@@ -2,8 +2,8 @@
 
 Counted as things happen: HTTP requests by route, method and status with a latency histogram per
 route, inbox webhook attempts by outcome, channel webhook attempts by outcome. Read when scraped:
-channel webhook URLs by state (from the store), open feed clients, webhook supervisors, and the
-process's memory, CPU and garbage collector.
+channel webhook URLs by state (from the store), open feed clients, webhook supervisors, waits
+for the disk on the trio thread, and the process's memory, CPU and garbage collector.
 
 Routes are labelled by their rule (``/api/v1/inbox/conversations/<conversation_id>``), never by
 the path a client sent, so the number of series stays fixed; a path no rule matches is
@@ -13,6 +13,7 @@ the path a client sent, so the number of series stays fixed; a path no rule matc
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import (
@@ -24,11 +25,28 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: the API's answers take from a fraction of a millisecond to a few hundred (search).
 LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 URL_STATES: Final = ("delivering", "paused", "disabled")
+
+
+class _StoreCounters(Collector):
+    """Counters the store keeps as plain ints, read when scraped."""
+
+    def __init__(self) -> None:
+        self.loop_disk_waits = 0
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "inboxd_store_loop_disk_waits",
+            "Reads and writes on the trio thread that had to read from the disk; each sends its"
+            " kind of read or write to worker threads for a second (inboxd/store/db.py).",
+            value=self.loop_disk_waits,
+        )
 
 
 class Metrics:
@@ -77,6 +95,8 @@ class Metrics:
         )
         # The process (memory, CPU, file descriptors) and its garbage collector, as the default
         # registry would have them; see inboxd/heap.py for the collector's settings.
+        self._store = _StoreCounters()
+        r.register(self._store)
         ProcessCollector(registry=r)
         GCCollector(registry=r)
         Gauge(
@@ -97,7 +117,14 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
 
-    def exposition(self, url_states: dict[str, int], feed_clients: int, supervisors: int) -> bytes:
+    def exposition(
+        self,
+        url_states: dict[str, int],
+        feed_clients: int,
+        supervisors: int,
+        loop_disk_waits: int,
+    ) -> bytes:
+        self._store.loop_disk_waits = loop_disk_waits
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))
         self.feed_clients.set(feed_clients)

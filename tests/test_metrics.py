@@ -112,5 +112,6 @@ async def test_the_process_and_its_garbage_collector_are_exported(anon: httpx.As
     assert value(after, collections, generation="2") > value(before, collections, generation="2")
     assert value(after, "process_resident_memory_bytes") > 10 * 2**20
     assert value(after, "process_open_fds") > 0
+    assert ("inboxd_store_loop_disk_waits_total", frozenset()) in after  # db.py's count
     # An in-process daemon (tests) never freezes the heap: only `inboxd serve` does (test_cli).
     assert value(after, "inboxd_gc_frozen_objects") == gc.get_freeze_count()

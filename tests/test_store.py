@@ -3,6 +3,7 @@ atomic on its own, fails on its own and is acknowledged only once durable."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -254,6 +255,85 @@ async def test_short_reads_stay_on_the_loop_and_long_ones_move_to_a_thread(
     assert (store.inline_reads, store.offloaded_reads) == (1, 2)
     assert await store.read(lambda c: c.execute("SELECT 41 + 1").fetchone()[0]) == 42
     assert (store.inline_reads, store.offloaded_reads) == (2, 2)
+
+
+class Device:
+    """Stands in for the thread's count of blocks read from the storage device: the functions
+    below "read the disk" by bumping it, as a page-cache miss would."""
+
+    def __init__(self) -> None:
+        self.blocks = 0
+
+    def read(self) -> int:
+        return self.blocks
+
+
+async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
+    patient_store: Store,
+) -> None:
+    store, device = patient_store, Device()
+    store.disk_reads = device.read
+    loop_thread = threading.get_ident()
+    ran_on: list[int] = []
+
+    def cold_read(conn: sqlite3.Connection) -> int:
+        ran_on.append(threading.get_ident())
+        device.blocks += 8  # its pages were not in the page cache
+        return count_to(conn, 10)
+
+    assert await store.read(cold_read) == 10  # answered: the wait has already happened
+    assert ran_on == [loop_thread] and store.loop_disk_waits == 1
+    # Its next reads warm the pages up in a worker thread, never on the loop.
+    assert await store.read(cold_read) == 10
+    assert ran_on[1] != loop_thread and store.loop_disk_waits == 1
+    assert (store.inline_reads, store.offloaded_reads) == (1, 1)
+    # Reads that find their pages in memory stay on the loop.
+    assert await store.read(count_to, 5) == 5
+    assert (store.inline_reads, store.offloaded_reads, store.loop_disk_waits) == (2, 1, 1)
+
+
+async def test_a_write_that_waited_for_the_disk_sends_its_kind_to_threads(
+    patient_store: Store,
+) -> None:
+    store, device = patient_store, Device()
+    store.disk_reads = device.read
+    loop_thread = threading.get_ident()
+    ran_on: list[int] = []
+
+    def cold_append(conn: sqlite3.Connection, n: int) -> int:
+        ran_on.append(threading.get_ident())
+        device.blocks += 8
+        return append_event(conn, n, False)
+
+    first = await store.write(cold_append, 1)
+    assert ran_on == [loop_thread] and store.loop_disk_waits == 1
+    assert store.offloaded_batches == 0  # done once, on the loop; only its COMMIT left it
+    second = await store.write(cold_append, 2)
+    assert ran_on[1] != loop_thread and store.offloaded_batches == 1
+    await store.write(append_event, 3, False)  # other writes stay on the loop
+    assert store.offloaded_batches == 1 and store.loop_disk_waits == 1
+    seqs = store.read_sync(
+        lambda c: [r[0] for r in c.execute("SELECT seq FROM events WHERE type = 'test.event'")]
+    )
+    assert seqs[:2] == [first, second] and len(seqs) == 3
+
+
+def test_the_disk_count_sees_reads_the_page_cache_could_not_answer(tmp_path: Path) -> None:
+    """db.thread_disk_reads on a real file: dropped from the page cache, then read back."""
+    path = tmp_path / "cold"
+    path.write_bytes(os.urandom(4 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        before = db.thread_disk_reads()
+        os.pread(fd, 4096, 2 << 20)
+        after_cold = db.thread_disk_reads()
+        os.pread(fd, 4096, 2 << 20)
+        assert after_cold > before
+        assert db.thread_disk_reads() == after_cold  # now from the page cache
+    finally:
+        os.close(fd)
 
 
 async def test_the_loop_is_never_held_much_past_the_inline_budget(tmp_path: Path) -> None:

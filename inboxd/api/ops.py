@@ -46,6 +46,7 @@ async def metrics() -> Response:
         url_states=await st.store.read(channel_webhooks.count_by_state),
         feed_clients=0 if st.feed_hub is None else len(st.feed_hub.clients),
         supervisors=0 if st.channel_hub is None else st.channel_hub.supervisors,
+        loop_disk_waits=st.store.loop_disk_waits,
     )
     return Response(body, content_type=CONTENT_TYPE)
 

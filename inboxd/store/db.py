@@ -18,6 +18,14 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
   not always a thread: a hop costs more than the reads the API makes (50-800 us from the page
   cache), and worse, SQLite releases the GIL around every step, so a worker thread waits for the
   busy trio thread once per row; measured, inline reads serve twice the requests (BENCHMARKS.md).
+- Neither may make the loop wait for the disk. Pages not in the OS page cache (after a start,
+  or a store larger than memory) have to be read from the device, and every task waits while
+  the trio thread does. Nothing tells beforehand which pages a query will touch, so each inline
+  read or write checks afterwards whether its thread read from the device (``getrusage``'s
+  ``ru_inblock``, about 1 us): if it did, that function's reads or writes go to worker threads
+  for ``INLINE_BACKOFF_SECONDS``, which bring the pages in without holding the loop. On a cold
+  store that is one wait on the loop per function per second; on a warm one, none
+  (``Store.loop_disk_waits`` counts them; ``/metrics`` exports it).
 
 Durability: ``synchronous=FULL`` in WAL mode fsyncs the log on every commit, so a commit that has
 returned survives a power cut (NORMAL could lose the last commits). CLI commands may write to the
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import resource
 import sqlite3
 import time
 from collections.abc import Callable
@@ -63,6 +72,16 @@ CHECKPOINT_EVERY_SECONDS: Final = 1.0
 # SQLite's work on the trio thread, about 10 ms in a worker thread.
 FINE_STEPS: Final = 10_000
 COARSE_STEPS: Final = 1_000_000
+
+
+# Linux's per-thread usage; elsewhere the whole process's, which can only err towards threads.
+_RUSAGE_THREAD: Final = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def thread_disk_reads() -> int:
+    """Blocks the calling thread has had to read from the storage device so far (reads that
+    the OS page cache answered do not count)."""
+    return resource.getrusage(_RUSAGE_THREAD).ru_inblock
 
 
 def db_path(data_dir: Path) -> Path:
@@ -343,6 +362,9 @@ class Store:
         self._inline_backoff: dict[Callable[..., Any], float] = {}
         self.inline_reads = 0  # reads served on the trio thread
         self.offloaded_reads = 0  # reads that went to a worker thread
+        # Inline reads and writes that read from the device (the loop waited for the disk).
+        self.loop_disk_waits = 0
+        self.disk_reads: Callable[[], int] = thread_disk_reads  # tests replace it
         # Used only on the trio thread, only for PRAGMA data_version.
         self._version_conn = _connect(self.path, readonly=True)
         self._write_limiter = trio.CapacityLimiter(1)
@@ -601,8 +623,10 @@ class Store:
             for r in batch:
                 conn.deadline = time.monotonic() + INLINE_WALL_SECONDS
                 conn.cpu_deadline = time.thread_time() + INLINE_CPU_SECONDS
+                blocks = self.disk_reads()
                 try:
                     self._run_writes([r])
+                    self._note_disk_wait(r.kind, blocks)  # done; the next ones go to a thread
                 except sqlite3.OperationalError as exc:
                     if not _interrupted(exc):
                         raise
@@ -631,6 +655,7 @@ class Store:
             return self._read_on(reader, fn, args, time.monotonic() + READ_DEADLINE_SECONDS, True)
         now = time.monotonic()
         if self._inline_backoff.get(fn, 0.0) <= now:
+            blocks = self.disk_reads()
             try:
                 self._inline.cpu_deadline = time.thread_time() + INLINE_CPU_SECONDS
                 result = self._read_on(self._inline, fn, args, now + INLINE_WALL_SECONDS, False)
@@ -640,8 +665,10 @@ class Store:
                 # Over budget (or a checkpoint holds the lock): let a thread do it, and send
                 # this function's reads there directly for a while.
                 self._inline_backoff[fn] = time.monotonic() + INLINE_BACKOFF_SECONDS
+                self._note_disk_wait(fn, blocks)
             else:
                 self.inline_reads += 1
+                self._note_disk_wait(fn, blocks)
                 return result
             finally:
                 self._inline.cpu_deadline = float("inf")
@@ -658,6 +685,13 @@ class Store:
             finally:
                 conn.deadline = float("inf")
                 self._readers.append(conn)
+
+    def _note_disk_wait(self, kind: Callable[..., Any], blocks_before: int) -> None:
+        """After work on the trio thread: if it read from the device, the loop waited for the
+        disk. Send that function to worker threads for a while; they warm the pages up."""
+        if self.disk_reads() != blocks_before:
+            self.loop_disk_waits += 1
+            self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
 
     @staticmethod
     def _read_on(
