@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import ab, delivery, delivery_ab, feed, generate, http, supervisors
+from bench import ab, cold, delivery, delivery_ab, feed, generate, http, supervisors
 
 BENCHMARKS = {
     "ab": ab,
+    "cold": cold,
     "delivery": delivery,
     "delivery-ab": delivery_ab,
     "feed": feed,

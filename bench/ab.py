@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.cold import loop_disk_waits
 from bench.common import baseline_worktree, report
 from bench.feed import ROOT, free_port, start, wait_http
 from bench.http import (
@@ -180,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
                 "p99_slices": p99s,
                 "non_2xx": errors,
             }
+        # Reads and writes that waited for the disk on the trio thread (db.py sends those
+        # functions to threads for a second): a copy that was not all in the page cache.
+        waits = {w: loop_disk_waits(f"http://127.0.0.1:{ports[w]}") for w in ("before", "after")}
     table = [
         (
             "row",
@@ -199,5 +203,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{p['after']:.0f} (ceiling {p['bare']:.0f}){errors}",
             )
         )
-    report("ab", table, {"args": vars(args), "figures": figures})
+    shown = {w: "n/a" if n is None else f"{n:.0f}" for w, n in waits.items()}
+    table.append(("loop disk waits", f"{shown['before']} / {shown['after']}", "over the whole run"))
+    report("ab", table, {"args": vars(args), "figures": figures, "loop_disk_waits": waits})
     return 0

@@ -172,8 +172,14 @@ def reset_for_writes(data: Path, conversation_ids: list[str]) -> None:
     conn.close()
 
 
-def run_wrk(url: str, seconds: float, key: str | None, script: str | None) -> dict[str, float]:
-    cmd = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{seconds:.0f}s", "--latency"]
+def run_wrk(
+    url: str,
+    seconds: float,
+    key: str | None,
+    script: str | None,
+    connections: int = CONNECTIONS,
+) -> dict[str, float]:
+    cmd = ["wrk", f"-t{min(2, connections)}", f"-c{connections}", f"-d{seconds:.0f}s", "--latency"]
     if key:
         cmd += ["-H", f"Authorization: Bearer {key}"]
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
@@ -196,7 +202,11 @@ def run_wrk(url: str, seconds: float, key: str | None, script: str | None) -> di
 
 
 def run_python(
-    url: str, seconds: float, key: str | None, paths: list[str] | None
+    url: str,
+    seconds: float,
+    key: str | None,
+    paths: list[str] | None,
+    connections: int = CONNECTIONS,
 ) -> dict[str, float]:
     """A plain driver for machines without wrk (CI's smoke run): GETs only."""
     import trio
@@ -217,7 +227,7 @@ def run_python(
         async with httpx.AsyncClient(headers=headers, timeout=30) as client:
             started = time.perf_counter()
             async with trio.open_nursery() as nursery:
-                for w in range(CONNECTIONS):
+                for w in range(connections):
                     nursery.start_soon(worker, client, started + seconds, w)
             return time.perf_counter() - started
 
