@@ -268,11 +268,18 @@ class Device:
         return self.blocks
 
 
+@pytest.fixture
+def device(patient_store: Store) -> Device:
+    """The patient store's disk count, under the test's control."""
+    fake = Device()
+    patient_store.disk_reads = fake.read
+    return fake
+
+
 async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
-    patient_store: Store,
+    patient_store: Store, device: Device
 ) -> None:
-    store, device = patient_store, Device()
-    store.disk_reads = device.read
+    store = patient_store
     loop_thread = threading.get_ident()
     ran_on: list[int] = []
 
@@ -293,10 +300,9 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
 
 
 async def test_a_write_that_waited_for_the_disk_sends_its_kind_to_threads(
-    patient_store: Store,
+    patient_store: Store, device: Device
 ) -> None:
-    store, device = patient_store, Device()
-    store.disk_reads = device.read
+    store = patient_store
     loop_thread = threading.get_ident()
     ran_on: list[int] = []
 
