@@ -54,6 +54,9 @@ class ServerConfig:
     shutdown_timeout: float = attrs.field(default=5.0, metadata=_kind("duration"))
     # The address users reach the daemon at, for links in emails; empty: the bound address.
     public_url: str = attrs.field(default="", metadata=_kind("str"))
+    # At start, have the OS read the store into its page cache in the background when it takes
+    # at most half of the memory available (store/warm.py); false: leave the cache alone.
+    warm_cache: bool = attrs.field(default=True, metadata=_kind("bool"))
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@
         ├── inbox webhook deliverer, one per account                (webhooks/inbox.py)
         ├── channel webhook hub: one supervisor per URL              (webhooks/channel.py)
         ├── mailer: sends the mail outbox after commit               (mailer.py)
+        ├── page cache warm-up at start, when the store fits         (store/warm.py)
         └── housekeeping: lastUsedAt in batches, old Idempotency-Keys
 
 ``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
@@ -33,7 +34,7 @@ from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.feed import FeedHub
 from inboxd.mailer import Mailer
-from inboxd.store import accounts, events, idempotency, webhooks
+from inboxd.store import accounts, events, idempotency, warm, webhooks
 from inboxd.store.db import Store
 from inboxd.webhooks.channel import ChannelWebhookHub
 from inboxd.webhooks.client import make_client
@@ -151,6 +152,8 @@ async def run(
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
             nursery.start_soon(store.checkpoint_forever)
+            if config.server.warm_cache and store.offload:  # (not on MockClock tests)
+                nursery.start_soon(warm.warm, store.path)
             await nursery.start(Mailer(store, config.mail, data_dir, clock).run)
             hub = ChannelWebhookHub(
                 store,
