@@ -5,7 +5,9 @@ pages of conversations picked at random (28 connections; their pages must come f
 while 4 more connections ask for counts (whose few pages stay in memory: a bystander). It
 reads the bytes each of the daemon's threads had to fetch from the device (``read_bytes`` in
 /proc, Linux) and the daemon's own count of waits for the disk on the trio thread; then the
-counts alone, for the bystander's latency without the disk-bound load beside it.
+counts alone, for the bystander's latency without the disk-bound load beside it; then the same
+history load on other conversations, to see whether the store has warmed up by then
+(``server.warm_cache``).
 
 With ``--baseline REV`` the revision REV (a temporary git worktree) runs the same first, on a
 cache dropped again: before and after in one run.
@@ -134,6 +136,9 @@ def measure(
         after = device_reads(daemon.pid)
         waits = loop_disk_waits(base)
         results["alone"] = load([counts], BYSTANDER_CONNECTIONS)
+        # Has the store warmed up meanwhile? (serve reads it into the page cache when it fits.)
+        # From the other end of the list: not the pages the first load already brought in.
+        results["later"] = load(history[::-1], COLD_CONNECTIONS)
     finally:
         daemon.terminate()
         daemon.wait(15)
@@ -172,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
              f"in worker threads {f['threads_device_bytes'] / mb:.1f} MB; loop disk waits {waits}"),
             (f"{name}: history pages, cold store", f"{f['cold']['rps']:,.0f} req/s",
              f"p50 / p99 {f['cold']['p50_ms']:.1f} / {f['cold']['p99_ms']:.1f} ms, {COLD_CONNECTIONS} connections"),
+            (f"{name}: other history pages, next", f"{f['later']['rps']:,.0f} req/s",
+             f"p50 / p99 {f['later']['p50_ms']:.1f} / {f['later']['p99_ms']:.1f} ms, after {2 * args.seconds:.0f} s of load"),
             (f"{name}: counts beside them", f"p99 {f['beside']['p99_ms']:.1f} ms",
              f"p50 {f['beside']['p50_ms']:.1f} ms; alone p50 / p99 {f['alone']['p50_ms']:.1f} / {f['alone']['p99_ms']:.1f} ms"),
         ]  # fmt: skip
