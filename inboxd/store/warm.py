@@ -3,14 +3,14 @@
 After a reboot or a restart under memory pressure the store's pages are on the disk only, and
 requests bring them in one random page at a time: measured here, 4 KB pages at random come at
 about 5.5 MB/s while the same file reads sequentially at 830 MB/s. ``warm`` has the files read
-through once, sequentially, and the kernel keeps what was read in its page cache (which every
-process shares: the 6.8 GB bench store took 7 s on an idle machine); requests meanwhile are served as usual (reads that still find a page missing
-leave the loop: see db.py). ``posix_fadvise(WILLNEED)`` was tried first: it returns at once, but
-the kernel then read only part of the file ahead (750 MB in 10 s here).
+through once, sequentially, and the kernel keeps what was read in its page cache, which every
+process shares (the 6.8 GB bench store took 6-7 s on an idle machine). Requests meanwhile are
+served as usual; reads that still find a page missing leave the loop (see db.py).
+``posix_fadvise(WILLNEED)`` was tried first: it returns at once, but the kernel then read only
+part of the file ahead (750 MB in 10 s here).
 
-The reading happens in a child process, never in the daemon's own:
-closing a file descriptor of the database drops every POSIX lock the process holds on it,
-SQLite's included, and another process (the CLI) could then take the store for its own and,
+The reading happens in a child process, never in the daemon's own: closing a file descriptor
+of the database drops every POSIX lock the process holds on it, SQLite's included, and another process (the CLI) could then take the store for its own and,
 say, remove a WAL the daemon still writes to (SQLite's "How To Corrupt" section 2.2). A test
 that revokes a key with the CLI while the daemon runs caught exactly that with an in-process
 first version.
