@@ -10,10 +10,10 @@ served as usual; reads that still find a page missing leave the loop (see db.py)
 part of the file ahead (750 MB in 10 s here).
 
 The reading happens in a child process, never in the daemon's own: closing a file descriptor
-of the database drops every POSIX lock the process holds on it, SQLite's included, and another process (the CLI) could then take the store for its own and,
-say, remove a WAL the daemon still writes to (SQLite's "How To Corrupt" section 2.2). A test
-that revokes a key with the CLI while the daemon runs caught exactly that with an in-process
-first version.
+of the database drops every POSIX lock the process holds on it, SQLite's included, and another
+process (the CLI) could then take the store for its own and, say, remove a WAL the daemon still
+writes to (SQLite's "How To Corrupt" section 2.2). A test that revokes a key with the CLI while
+the daemon runs caught exactly that with an in-process first version.
 
 Only when the store takes at most ``MAX_SHARE_OF_AVAILABLE`` of the memory the OS reports
 available, so that warming never pushes out what the machine needs more.
