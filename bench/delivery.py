@@ -109,6 +109,26 @@ def make_certs(directory: Path) -> tuple[Path, Path, Path]:
     return ca_file, cert_file, key_file
 
 
+def receiver_config(port: int, cert_file: Path, key_file: Path) -> HyperConfig:
+    """hypercorn settings of the local HTTPS receiver (tests/receiver.py's app)."""
+    config = HyperConfig()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.certfile, config.keyfile = str(cert_file), str(key_file)
+    config.accesslog = None
+    config.errorlog = None
+    return config
+
+
+def daemon_env(ca_file: Path) -> dict[str, str]:
+    """The daemon's settings for delivering to the local receiver, trusting its CA."""
+    return {
+        "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
+        "INBOXD_LOG_LEVEL": "warning",
+        "INBOXD_WEBHOOKS_CA_FILE": str(ca_file),
+        "INBOXD_WEBHOOKS_ALLOW_PRIVATE_HOSTS": "true",
+    }
+
+
 def prepare(data: Path, receiver_url: str, events: int) -> tuple[str, str, str, str]:
     """A store with the webhook saved and ``events`` deliverable events waiting."""
     from inboxd.store import accounts, actions, webhooks
@@ -186,22 +206,13 @@ def run(args: argparse.Namespace) -> int:
         figures: dict[str, Any] = {}
 
         async def main() -> None:
-            config = HyperConfig()
-            config.bind = [f"127.0.0.1:{rport}"]
-            config.certfile, config.keyfile = str(cert_file), str(key_file)
-            config.accesslog = None
-            config.errorlog = None
+            config = receiver_config(rport, cert_file, key_file)
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve, receiver.app, config)  # type: ignore[arg-type]
                 # The backlog: from the first receipt to the last.
                 daemon = start(
                     ["-m", "inboxd", "serve", "--data", str(data), "--bind", f"127.0.0.1:{port}"],
-                    {
-                        "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
-                        "INBOXD_LOG_LEVEL": "warning",
-                        "INBOXD_WEBHOOKS_CA_FILE": str(ca_file),
-                        "INBOXD_WEBHOOKS_ALLOW_PRIVATE_HOSTS": "true",
-                    },
+                    daemon_env(ca_file),
                 )
                 try:
                     with trio.fail_after(600):

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
 from bench.common import ROOT, baseline_worktree, report, thread_cpu_seconds
-from bench.delivery import Receiver, make_certs, prepare
+from bench.delivery import Receiver, daemon_env, make_certs, prepare, receiver_config
 from bench.feed import free_port, start
 
 
@@ -69,12 +68,7 @@ def run(args: argparse.Namespace) -> int:
                     "--bind",
                     f"127.0.0.1:{free_port()}",
                 ],
-                {
-                    "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
-                    "INBOXD_LOG_LEVEL": "warning",
-                    "INBOXD_WEBHOOKS_CA_FILE": str(ca_file),
-                    "INBOXD_WEBHOOKS_ALLOW_PRIVATE_HOSTS": "true",
-                },
+                daemon_env(ca_file),
                 cwd=sources[who],
             )
             try:
@@ -105,11 +99,7 @@ def run(args: argparse.Namespace) -> int:
             )
 
         async def main() -> None:
-            config = HyperConfig()
-            config.bind = [f"127.0.0.1:{rport}"]
-            config.certfile, config.keyfile = str(cert_file), str(key_file)
-            config.accesslog = None
-            config.errorlog = None
+            config = receiver_config(rport, cert_file, key_file)
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve, receiver.app, config)  # type: ignore[arg-type]
                 for i in range(args.pairs):
