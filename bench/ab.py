@@ -24,8 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.cold import loop_disk_waits
-from bench.common import baseline_worktree, report
+from bench.common import baseline_worktree, loop_disk_waits, report
 from bench.feed import ROOT, free_port, start, wait_http
 from bench.http import (
     LUA_BARE_PATCH,
@@ -126,13 +125,19 @@ def run(args: argparse.Namespace) -> int:
             _copy_store(source, store)
         _settle(list(stores.values()))
         ports = {"before": free_port(), "after": free_port(), "bare": free_port()}
-        env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"}
+        # No page-cache warm-up: _settle has read both copies through already, and a baseline
+        # from before server.warm_cache ignores the key.
+        env = {
+            "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
+            "INBOXD_LOG_LEVEL": "warning",
+            "INBOXD_SERVER_WARM_CACHE": "false",
+        }
         for who in ("before", "after"):
             command = ["-m", "inboxd", "serve", "--data", str(stores[who])]
             command += ["--bind", f"127.0.0.1:{ports[who]}"]
             daemons[who] = start(command, env, cwd=baseline_src if who == "before" else ROOT)
             # A migration on a big store can take minutes: wait for it.
-            wait_http(f"http://127.0.0.1:{ports[who]}/readyz", timeout=1800)
+            wait_http(f"http://127.0.0.1:{ports[who]}/readyz", timeout=1800, process=daemons[who])
         daemons["bare"] = start(["-m", "bench.bare", str(ports["bare"])])
         wait_http(f"http://127.0.0.1:{ports['bare']}/healthz")
         paths = _rotated_paths(ids)

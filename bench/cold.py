@@ -6,8 +6,9 @@ while 4 more connections ask for counts (whose few pages stay in memory: a bysta
 reads the bytes each of the daemon's threads had to fetch from the device (``read_bytes`` in
 /proc, Linux) and the daemon's own count of waits for the disk on the trio thread; then the
 counts alone, for the bystander's latency without the disk-bound load beside it; then the same
-history load on other conversations, to see whether the store has warmed up by then
-(``server.warm_cache``).
+history load on other conversations, to see whether the store has warmed up by then.
+``server.warm_cache`` is off unless ``--warm-cache`` is given: the question is what a cold store
+does to the loop, and the warm-up would race the measurement.
 
 With ``--baseline REV`` the revision REV (a temporary git worktree) runs the same first, on a
 cache dropped again: before and after in one run.
@@ -27,9 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.common import ROOT, baseline_worktree, report
+from bench.common import ROOT, baseline_worktree, loop_disk_waits, report
 from bench.feed import free_port, start, wait_http
 from bench.http import LUA_ROTATE, run_python, run_wrk
 from inboxd.store.db import db_path
@@ -45,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--sample", type=int, default=30_000, help="conversations whose history is read (30000)"
     )
     p.add_argument("--baseline", help="also run this git revision first, for before/after")
+    p.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="let serve read the store into the page cache at start (server.warm_cache;"
+        " off here by default, so that the loop's disk waits are measured on a cold store)",
+    )
 
 
 def sample_conversations(data: Path, n: int) -> list[str]:
@@ -77,38 +82,34 @@ def evict(data: Path) -> None:
             os.close(fd)
 
 
+def _read_bytes(io_file: str) -> int:
+    with open(io_file) as fh:
+        for line in fh:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
 def device_reads(pid: int) -> tuple[int, int]:
-    """Bytes fetched from the storage device so far: by the main (trio) thread, by the rest."""
-    main = rest = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/io") as fh:
-                fields = dict(line.split(": ") for line in fh.read().splitlines())
-        except FileNotFoundError:  # a worker thread that just ended
-            continue
-        if int(tid) == pid:
-            main += int(fields["read_bytes"])
-        else:
-            rest += int(fields["read_bytes"])
-    return main, rest
-
-
-def loop_disk_waits(base: str) -> float | None:
-    """The daemon's own count (absent before the revision that added it)."""
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
-        if line.startswith("inboxd_store_loop_disk_waits_total "):
-            return float(line.split()[1])
-    return None
+    """Bytes fetched from the storage device so far: by the main (trio) thread, by the rest
+    (the process's total, which keeps the counts of worker threads that have ended, minus the
+    main thread's)."""
+    main = _read_bytes(f"/proc/{pid}/task/{pid}/io")
+    return main, _read_bytes(f"/proc/{pid}/io") - main
 
 
 def measure(
-    data: Path, cwd: Path, ids: list[str], key: str, seconds: float, wrk: bool
+    data: Path, cwd: Path, ids: list[str], key: str, seconds: float, wrk: bool, warm: bool
 ) -> dict[str, Any]:
     evict(data)
     port = free_port()
     daemon = start(
         ["-m", "inboxd", "serve", "--data", str(data), "--bind", f"127.0.0.1:{port}"],
-        {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"},
+        {
+            "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
+            "INBOXD_LOG_LEVEL": "warning",
+            "INBOXD_SERVER_WARM_CACHE": "true" if warm else "false",
+        },
         cwd=cwd,
     )
     base = f"http://127.0.0.1:{port}"
@@ -122,7 +123,7 @@ def measure(
         return run_python(base, seconds, key, paths, connections)
 
     try:
-        wait_http(f"{base}/readyz", timeout=600)
+        wait_http(f"{base}/readyz", timeout=600, process=daemon)
         before = device_reads(daemon.pid)
         results: dict[str, dict[str, float]] = {}
 
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
                 0, (args.baseline, stack.enter_context(baseline_worktree(args.baseline, where)))
             )
         for name, cwd in versions:
-            figures[name] = measure(data, cwd, ids, key, args.seconds, wrk)
+            figures[name] = measure(data, cwd, ids, key, args.seconds, wrk, args.warm_cache)
     rows = [("figure", "value", "note")]
     for name, f in figures.items():
         mb = 1024 * 1024

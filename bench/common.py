@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,3 +69,11 @@ def report(name: str, rows: list[tuple[str, str, str]], data: dict[str, Any]) ->
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **data}, indent=2))
     print(f"  written to {path}")
     return path
+
+
+def loop_disk_waits(base: str) -> float | None:
+    """The daemon's own count (absent before the revision that added it)."""
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith("inboxd_store_loop_disk_waits_total "):
+            return float(line.split()[1])
+    return None

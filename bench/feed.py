@@ -58,9 +58,14 @@ def start(
     )
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
+def wait_http(
+    url: str, timeout: float = 30.0, process: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Until ``url`` answers 200; fails at once if ``process`` (the server) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server for {url} exited with {process.returncode}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
