@@ -114,6 +114,29 @@ def test_public_routes_and_only_they_need_no_key() -> None:
     assert document()["security"] == [{"bearerAuth": []}]
 
 
+async def test_every_operation_the_document_says_needs_a_key_refuses_none(
+    anon: httpx.AsyncClient,
+) -> None:
+    """The document's security against the server: each keyed operation, sent without a key,
+    is 401 with WWW-Authenticate; each public one is answered without asking for one."""
+    checked = 0
+    for path, operations in document()["paths"].items():
+        url = re.sub(r"\{[^}]+\}", "x_unknown", path)
+        for method, op in operations.items():
+            security = op.get("security")
+            if security is not None and {} in security:
+                continue  # the feed: a key on the upgrade or in the first frame
+            body = {} if method in ("post", "put", "patch") else None
+            response = await anon.request(method.upper(), url, json=body)
+            if security == []:
+                assert response.status_code != 401, f"{method.upper()} {path}"
+            else:
+                assert response.status_code == 401, f"{method.upper()} {path}"
+                assert response.headers["www-authenticate"].startswith("Bearer")
+            checked += 1
+    assert checked > 40
+
+
 async def test_the_shared_clients_check_every_response(
     owner: httpx.AsyncClient, anon: httpx.AsyncClient
 ) -> None:
