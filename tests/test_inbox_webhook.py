@@ -7,6 +7,7 @@ the deliveries. Retry timing runs on trio's MockClock (the ``autojump_clock`` fi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,10 +15,11 @@ import pytest
 import trio
 
 from inboxd import daemon
-from inboxd.config import Config
-from inboxd.store.db import Store
-from inboxd.webhooks import catalog
-from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, webhook_config
+from inboxd.clock import SystemClock
+from inboxd.config import Config, InboxWebhookConfig
+from inboxd.store.db import Appended, Store
+from inboxd.webhooks import catalog, inbox
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, seed_store, webhook_config
 from tests.receiver import Certs, Receiver, running_receiver
 
 HOOK = "/api/v1/inbox/webhook"
@@ -417,3 +419,46 @@ async def test_a_committed_event_survives_a_crash_before_delivery(
         store.close()
     # The first attempt's failure may or may not have been recorded before the crash.
     assert outcomes in (["failed", "delivered"], ["delivered"])
+
+
+async def test_an_event_committed_during_a_read_wakes_the_deliverer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A webhook saved, then an event committing after the deliverer's read took its snapshot:
+    the journal listener must wake it even though the read before found no webhook (it once
+    listened only while a webhook was known, and the event waited for the next one)."""
+    store = Store.open(seed_store(tmp_path / "data").data_dir)
+    deliverer = inbox.InboxWebhookDeliverer(
+        store,
+        None,
+        InboxWebhookConfig(),
+        1,
+        SystemClock(),  # type: ignore[arg-type]
+    )
+    woken: list[bool] = []
+    three = trio.Event()
+    original = inbox.webhooks.next_work
+
+    def next_work(conn: Any, *args: Any) -> Any:
+        work = original(conn, *args)  # no webhook saved: None
+        if three.is_set():
+            return work  # enough: let the deliverer wait
+        before = store.signal(inbox.webhooks.work_queued(1)).version
+        deliverer._on_journal(
+            [Appended(10**9, 1, None, "inbox.conversation.opened", False, 1, b"{}")]
+        )
+        woken.append(store.signal(inbox.webhooks.work_queued(1)).version > before)
+        if len(woken) == 3:
+            three.set()
+        return work
+
+    monkeypatch.setattr(inbox.webhooks, "next_work", next_work)
+    try:
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(deliverer.run)
+                await three.wait()
+                nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+    assert woken[:3] == [True, True, True]

@@ -108,6 +108,9 @@ class InboxWebhookDeliverer:
             self._nursery = nursery
             while True:
                 version, config = self._work.version, self._config.version
+                # Listen to the account's events while reading: one that commits after the
+                # read's snapshot, just after a webhook was saved, must wake the next read.
+                self._hooked = True
                 try:
                     work = await self._store.read(
                         webhooks.next_work, self._account_pk, self._cursor, PREFETCH
