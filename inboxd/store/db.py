@@ -626,7 +626,9 @@ class Store:
                 blocks = self.disk_reads()
                 try:
                     self._run_writes([r])
-                    self._note_disk_wait(r.kind, blocks)  # done; the next ones go to a thread
+                    # Done. Later batches of this kind go to a thread; the rest of this one
+                    # stays here (its transaction is open on this thread).
+                    self._note_disk_wait(r.kind, blocks)
                 except sqlite3.OperationalError as exc:
                     if not _interrupted(exc):
                         raise
@@ -665,13 +667,12 @@ class Store:
                 # Over budget (or a checkpoint holds the lock): let a thread do it, and send
                 # this function's reads there directly for a while.
                 self._inline_backoff[fn] = time.monotonic() + INLINE_BACKOFF_SECONDS
-                self._note_disk_wait(fn, blocks)
             else:
                 self.inline_reads += 1
-                self._note_disk_wait(fn, blocks)
                 return result
             finally:
                 self._inline.cpu_deadline = float("inf")
+                self._note_disk_wait(fn, blocks)  # however it ended (a NotFound, say)
         self.offloaded_reads += 1
         async with self._read_limiter:
             conn = self._readers.pop()

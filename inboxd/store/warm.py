@@ -75,8 +75,12 @@ def worth_warming(size: int, available: int | None) -> bool:
 async def warm(db: Path) -> None:
     """Have the store's files read into the page cache, if they fit (see above). Cancelled
     (the daemon stopping), the reader is killed."""
-    files = files_of(db)
-    size = sum(p.stat().st_size for p in files)
+    try:
+        files = files_of(db)
+        size = sum(p.stat().st_size for p in files)
+    except OSError as exc:  # a WAL checkpointed away between the two looks, say
+        log.warning("could not warm the page cache", extra={"error": str(exc)})
+        return
     available = available_memory()
     if not worth_warming(size, available):
         log.info(
