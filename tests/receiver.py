@@ -65,6 +65,9 @@ class Receiver:
     gate: trio.Event | None = None
     # The body of every answer.
     answer_body: bytes = b"ok"
+    # While set, the answer's body never ends: a byte every ``trickle`` seconds after the
+    # status (each read is quick, the answer is endless).
+    trickle: float | None = None
     _arrived: trio.Event = attrs.Factory(trio.Event)
 
     async def wait_for(self, count: int, within: float = 3600) -> list[Received]:
@@ -113,6 +116,9 @@ class Receiver:
         headers = [(b"content-type", b"text/plain")]
         headers += [(k.encode(), v.encode()) for k, v in extra.items()]
         await send({"type": "http.response.start", "status": status, "headers": headers})
+        while self.trickle is not None:
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            await trio.sleep(self.trickle)
         await send({"type": "http.response.body", "body": self.answer_body})
 
 

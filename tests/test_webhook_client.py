@@ -7,11 +7,13 @@ import hmac
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from inboxd.config import WebhooksConfig
 from inboxd.errors import Unprocessable
 from inboxd.webhooks.client import MAX_ANSWER_BYTES, make_client, post_event, sign, validate_url
-from tests.receiver import make_certs, running_receiver
+from tests.receiver import Certs, make_certs, running_receiver
 
 
 @pytest.mark.parametrize(
@@ -120,3 +122,64 @@ async def test_an_answer_is_read_up_to_a_bound_and_the_connection_kept_when_it_c
         assert request.headers["x-svc-event"] == "t"
         assert request.headers["x-svc-delivery"] == "dlv_1"
         assert len(receiver.requests) == 4
+
+
+async def _trickling_head_server(certs: Certs, task_status: trio.TaskStatus[int]) -> None:
+    """A TLS server that reads a request, then sends its answer's head a byte every 5 s."""
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs.cert_file, certs.key_file)
+
+    async def handle(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        await stream.receive_some()
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+            await stream.send_all(bytes([byte]))
+            await trio.sleep(5)
+
+    listeners = await trio.open_ssl_over_tcp_listeners(0, context, host="127.0.0.1")
+    task_status.started(listeners[0].transport_listener.socket.getsockname()[1])
+    await trio.serve_listeners(handle, listeners)
+
+
+async def test_a_receiver_answering_a_byte_at_a_time_times_out_at_the_request_timeout(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Each read of the answer's head comes within the timeout, the head never ends: the
+    delivery still ends after request_timeout (10 s), as a timeout."""
+    certs = make_certs(tmp_path)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_trickling_head_server, certs)
+        client = make_client(WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True))
+        async with client:
+            started = trio.current_time()
+            with trio.fail_after(60):
+                outcome = await post_event(
+                    client, f"https://127.0.0.1:{port}/hook", "whsec_x", b"{}", "t", "dlv_1"
+                )
+            waited = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    assert outcome.status is None and outcome.error == "timeout" and not outcome.ok
+    assert 10 <= waited < 15
+
+
+async def test_an_endless_answer_body_keeps_its_status_and_loses_its_connection(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The status arrived in time, the body never ends: the delivery ends at request_timeout
+    with the status the receiver gave, and its connection is dropped, not reused."""
+    certs = make_certs(tmp_path)
+    async with running_receiver(certs) as receiver:
+        receiver.trickle = 5
+        client = make_client(WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True))
+        async with client:
+            started = trio.current_time()
+            with trio.fail_after(60):
+                outcome = await post_event(client, receiver.url, "whsec_x", b"{}", "t", "dlv_1")
+            waited = trio.current_time() - started
+            assert len(client.webhook_transport._pool.connections) == 0
+            receiver.trickle = None
+            again = await post_event(client, receiver.url, "whsec_x", b"{}", "t", "dlv_2")
+    assert outcome.status == 200 and outcome.ok
+    assert 10 <= waited < 15
+    assert again.ok and len(receiver.requests) == 2
