@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import resource
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -49,11 +50,57 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+DAMON_ADMIN = Path("/sys/kernel/mm/damon/admin/kdamonds")
+DAMON_RECLAIM = Path("/sys/module/damon_reclaim/parameters")
+
+
+def page_cache_reclaim(admin: Path = DAMON_ADMIN, module: Path = DAMON_RECLAIM) -> str | None:
+    """How the kernel pages out memory nobody touched for a while, if it does: a DAMON
+    ``pageout`` scheme (some virtual machines run one) or the DAMON_RECLAIM module. On such a
+    machine the page cache keeps only what the load touched in the last minute or so, so a large
+    store is partly cold whatever read it before: loop disk waits and offloaded work follow.
+    None when neither is on (or this is not Linux)."""
+    try:
+        for kdamond in sorted(admin.glob("[0-9]*")):
+            if (kdamond / "state").read_text().strip() != "on":
+                continue
+            for context in sorted((kdamond / "contexts").glob("[0-9]*")):
+                aggregate_us = int((context / "monitoring_attrs/intervals/aggr_us").read_text())
+                for scheme in sorted((context / "schemes").glob("[0-9]*")):
+                    if (scheme / "action").read_text().strip() != "pageout":
+                        continue
+                    age = int((scheme / "access_pattern/age/min").read_text()) * aggregate_us
+                    quota = int((scheme / "quotas/bytes").read_text())
+                    every = int((scheme / "quotas/reset_interval_ms").read_text())
+                    limit = f"up to {quota / 2**20:.0f} MiB per {every} ms" if quota else "no cap"
+                    return f"DAMON pages out memory idle for {age / 1e6:.0f} s or more ({limit})"
+        if (module / "enabled").read_text().strip() == "Y":
+            age = int((module / "min_age").read_text())
+            return f"DAMON_RECLAIM pages out memory idle for {age / 1e6:.0f} s or more"
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
         "cpus": os.cpu_count(),
+        "memory_bytes": _memory_bytes(),
         "platform": platform.platform(),
+        "page_cache_reclaim": page_cache_reclaim(),
     }
 
 
@@ -64,9 +111,12 @@ def report(name: str, rows: list[tuple[str, str, str]], data: dict[str, Any]) ->
     print(f"\n{name}")
     for figure, value, note in rows:
         print(f"  {figure:<{width}}  {value:>{vwidth}}  {note}")
+    host = machine()
+    if host["page_cache_reclaim"]:
+        print(f"  this machine: {host['page_cache_reclaim']} (BENCHMARKS.md, The machine)")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **data}, indent=2))
+    path.write_text(json.dumps({"benchmark": name, "machine": host, **data}, indent=2))
     print(f"  written to {path}")
     return path
 
