@@ -28,10 +28,11 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from inboxd.webhooks.policy import URL_STATES
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: the API's answers take from a fraction of a millisecond to a few hundred (search).
 LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-URL_STATES: Final = ("delivering", "paused", "disabled")
 
 
 class _StoreCounters(Collector):

@@ -170,14 +170,14 @@ def take_rate(who: Principal) -> None:
 
 
 IDEMPOTENT_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_IDEMPOTENCY_KEY: Final = re.compile(r"^[\x21-\x7e]{1,255}$")
+IDEMPOTENCY_KEY: Final = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
 async def _idempotency_claim(who: Principal) -> Response | None:
     key = request.headers.get("Idempotency-Key")
     if key is None or request.method not in IDEMPOTENT_METHODS:
         return None
-    if not _IDEMPOTENCY_KEY.match(key):
+    if not IDEMPOTENCY_KEY.match(key):
         raise InvalidRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
     body = await request.get_data(as_text=False)
     assert isinstance(body, bytes)

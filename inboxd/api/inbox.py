@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import orjson
 from quart import Blueprint, Response
 
@@ -64,7 +66,7 @@ async def list_conversations() -> Response:
     )
 
 
-MAX_QUERY = 256
+MAX_QUERY: Final = 256
 
 
 @blueprint.get("/conversations/search")
@@ -123,7 +125,7 @@ async def mark_read(conversation_id: str) -> Response:
 
 # -- actions (spec endpoints 8-12): each returns the updated Conversation without contact ---------
 
-MAX_TITLE = 200
+MAX_TITLE: Final = 200
 
 
 def _written(row: Conversation) -> Response:

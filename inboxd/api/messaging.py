@@ -21,12 +21,17 @@ from inboxd.store import messages
 blueprint = Blueprint("messaging", __name__, url_prefix="/api/v1/messaging")
 blueprint.before_request(authenticate)
 
-_PHONE_CHARS: Final = re.compile(r"^\+?[0-9 ()\-.]+$")
+# The request's limits (the OpenAPI document states the same ones from here).
+PHONE_CHARS: Final = re.compile(r"^\+?[0-9 ()\-.]+$")
 MIN_PHONE_DIGITS: Final = 3
 MAX_PHONE_DIGITS: Final = 20
-_STATUS: Final = re.compile(r"[A-Za-z][A-Za-z_]{0,31}")
-_SHORT: Final = 256
-_URL: Final = 2048
+MAX_PHONE_FIELD: Final = 64
+STATUS_WORD: Final = re.compile(r"[A-Za-z][A-Za-z_]{0,31}")
+MAX_SHORT: Final = 256
+MAX_URL: Final = 2048
+MAX_TYPE: Final = 32
+MAX_TEMPLATE_LANGUAGE: Final = 32
+MAX_MEDIA_DURATION: Final = 10**9
 
 
 @blueprint.before_request
@@ -37,7 +42,7 @@ async def owner_only() -> None:
 
 def _phone_digits(raw: str) -> str:
     digits = re.sub(r"[^0-9]", "", raw)
-    if not _PHONE_CHARS.match(raw) or not MIN_PHONE_DIGITS <= len(digits) <= MAX_PHONE_DIGITS:
+    if not PHONE_CHARS.match(raw) or not MIN_PHONE_DIGITS <= len(digits) <= MAX_PHONE_DIGITS:
         raise InvalidRequest(
             f"contact.phoneNumber must be a phone number of {MIN_PHONE_DIGITS} to "
             f"{MAX_PHONE_DIGITS} digits (spaces, dashes, dots, parentheses and a leading + are "
@@ -54,13 +59,15 @@ def _range(body: dict[str, Any], name: str, low: float, high: float) -> float | 
 
 
 def parse_new_message(body: dict[str, Any]) -> messages.NewMessage:
-    channel_id = field(body, "channelId", str, required=True, max_len=_SHORT)
+    channel_id = field(body, "channelId", str, required=True, max_len=MAX_SHORT)
     direction = field(body, "direction", str, required=True)
     if direction not in DIRECTIONS:
         raise InvalidRequest("direction must be INBOUND or OUTBOUND")
     contact = field(body, "contact", dict, required=True)
-    phone = _phone_digits(field(contact, "phoneNumber", str, required=True, max_len=64))
-    type_ = field(body, "type", str, required=True, max_len=32)
+    phone = _phone_digits(
+        field(contact, "phoneNumber", str, required=True, max_len=MAX_PHONE_FIELD)
+    )
+    type_ = field(body, "type", str, required=True, max_len=MAX_TYPE)
     if not type_.strip():
         raise InvalidRequest("type must not be empty")
     if type_.upper() == SYSTEM:
@@ -72,21 +79,21 @@ def parse_new_message(body: dict[str, Any]) -> messages.NewMessage:
         channel_id=channel_id,
         direction=direction,
         phone_number=phone,
-        contact_name=field(contact, "name", str, max_len=_SHORT) or None,
-        contact_avatar=field(contact, "avatar", str, max_len=_URL),
+        contact_name=field(contact, "name", str, max_len=MAX_SHORT) or None,
+        contact_avatar=field(contact, "avatar", str, max_len=MAX_URL),
         type=type_,
         content=field(body, "content", str),
-        media_url=field(body, "mediaUrl", str, max_len=_URL),
-        media_type=field(body, "mediaType", str, max_len=_SHORT),
-        file_name=field(body, "fileName", str, max_len=_SHORT),
+        media_url=field(body, "mediaUrl", str, max_len=MAX_URL),
+        media_type=field(body, "mediaType", str, max_len=MAX_SHORT),
+        file_name=field(body, "fileName", str, max_len=MAX_SHORT),
         file_size=file_size,
-        media_duration=_range(body, "mediaDuration", 0, 10**9),
-        thumbnail_url=field(body, "thumbnailUrl", str, max_len=_URL),
-        template_name=field(body, "templateName", str, max_len=_SHORT),
-        template_language=field(body, "templateLanguage", str, max_len=32),
-        external_id=field(body, "externalId", str, max_len=_SHORT),
+        media_duration=_range(body, "mediaDuration", 0, MAX_MEDIA_DURATION),
+        thumbnail_url=field(body, "thumbnailUrl", str, max_len=MAX_URL),
+        template_name=field(body, "templateName", str, max_len=MAX_SHORT),
+        template_language=field(body, "templateLanguage", str, max_len=MAX_TEMPLATE_LANGUAGE),
+        external_id=field(body, "externalId", str, max_len=MAX_SHORT),
         sent_at=field_instant(body, "sentAt"),
-        quoted_message_id=field(body, "quotedMessageId", str, max_len=_SHORT),
+        quoted_message_id=field(body, "quotedMessageId", str, max_len=MAX_SHORT),
         latitude=_range(body, "latitude", -90, 90),
         longitude=_range(body, "longitude", -180, 180),
     )
@@ -103,7 +110,7 @@ async def ingest_message() -> Response:
 async def set_message_status(message_id: str) -> Response:
     body = await json_body()
     raw = field(body, "status", str, required=True)
-    if not _STATUS.fullmatch(raw):  # checked before upper(), which turns "ß" into "SS"
+    if not STATUS_WORD.fullmatch(raw):  # checked before upper(), which turns "ß" into "SS"
         raise InvalidRequest("status must be a word like SENT, DELIVERED, READ or FAILED")
     status = raw.upper()
     message = await state().store.write(

@@ -25,10 +25,12 @@ from typing import Any, Final, Literal
 import orjson
 
 from inboxd import __version__
+from inboxd.api import inbox, messaging, team
+from inboxd.api.app import IDEMPOTENCY_KEY
+from inboxd.api.channels import MAX_URLS
 from inboxd.api.http import DEFAULT_LIMIT, MAX_LIMIT
 from inboxd.api.openapi_schemas import (
     CHANNEL_MESSAGE_TYPES,
-    DIRECTION,
     Schema,
     array,
     boolean,
@@ -41,6 +43,8 @@ from inboxd.api.openapi_schemas import (
     schemas,
     string,
 )
+from inboxd.model import DIRECTIONS, SETTABLE_STATUSES
+from inboxd.store import conversations, messages
 from inboxd.webhooks import catalog
 from inboxd.webhooks.channel import PROBE_TYPE
 
@@ -282,11 +286,11 @@ def conversation_operations() -> list[Entry]:
                 LIMIT,
                 CURSOR,
                 CHANNEL_FILTER,
-                query("status", enum("OPEN", "CLOSED"), "Only this status."),
+                query("status", enum(*SETTABLE_STATUSES), "Only this status."),
                 query("unread", boolean(), "true or 1: only unread; false, 0 or absent: all."),
                 query(
                     "tab",
-                    enum("mine_open", "unassigned", "all") | {"default": "all"},
+                    enum(*conversations.TABS) | {"default": "all"},
                     "mine_open: open and assigned to the key's user; unassigned: open and nobody"
                     " assigned; all: no extra filter.",
                 ),
@@ -302,7 +306,7 @@ def conversation_operations() -> list[Entry]:
             parameters=[
                 query(
                     "query",
-                    string(maxLength=256),
+                    string(maxLength=inbox.MAX_QUERY),
                     "A case-insensitive substring, trimmed; no NUL characters.",
                     required=True,
                 ),
@@ -335,7 +339,7 @@ def conversation_operations() -> list[Entry]:
                 CURSOR,
                 query(
                     "kind",
-                    enum("all", "messages", "system") | {"default": "all"},
+                    enum(*messages.KINDS) | {"default": "all"},
                     "messages hides SYSTEM rows; system returns only them.",
                 ),
             ],
@@ -366,7 +370,7 @@ def conversation_operations() -> list[Entry]:
             "setConversationStatus",
             "Open or close the conversation (spec 9)",
             updated,
-            body=request_object({"status": enum("OPEN", "CLOSED")}, required=["status"]),
+            body=request_object({"status": enum(*SETTABLE_STATUSES)}, required=["status"]),
             errors={409: ["status_unchanged"]},
         ),
         op(
@@ -394,7 +398,12 @@ def conversation_operations() -> list[Entry]:
             updated,
             description="The current title again is a no-op: 200, no SYSTEM row, no event.",
             body=request_object(
-                {"title": string("1 to 200 characters after trimming", maxLength=200)},
+                {
+                    "title": string(
+                        f"1 to {inbox.MAX_TITLE} characters after trimming",
+                        maxLength=inbox.MAX_TITLE,
+                    )
+                },
                 required=["title"],
             ),
         ),
@@ -404,14 +413,15 @@ def conversation_operations() -> list[Entry]:
 def messaging_operations() -> list[Entry]:
     """CONTRACT section 5: how the messaging API reports messages (owner key)."""
     op = functools.partial(operation, tag="messaging", access="owner")
-    short: dict[str, Any] = {"maxLength": 256}
-    url: dict[str, Any] = {"maxLength": 2048}
+    short: dict[str, Any] = {"maxLength": messaging.MAX_SHORT}
+    url: dict[str, Any] = {"maxLength": messaging.MAX_URL}
     contact = request_object(
         {
             "phoneNumber": string(
-                "3 to 20 digits; spaces, dashes, dots, parentheses and a leading + are ignored",
-                maxLength=64,
-                pattern=r"^\+?[0-9 ()\-.]+$",
+                f"{messaging.MIN_PHONE_DIGITS} to {messaging.MAX_PHONE_DIGITS} digits; spaces,"
+                " dashes, dots, parentheses and a leading + are ignored",
+                maxLength=messaging.MAX_PHONE_FIELD,
+                pattern=messaging.PHONE_CHARS.pattern,
             ),
             "name": nullable(string("defaults to the phone digits", **short)),
             "avatar": nullable(string(**url)),
@@ -424,10 +434,10 @@ def messaging_operations() -> list[Entry]:
         "mediaType": string(**short),
         "fileName": string(**short),
         "fileSize": integer(minimum=0),
-        "mediaDuration": number(minimum=0, maximum=10**9),
+        "mediaDuration": number(minimum=0, maximum=messaging.MAX_MEDIA_DURATION),
         "thumbnailUrl": string(**url),
         "templateName": string(**short),
-        "templateLanguage": string(maxLength=32),
+        "templateLanguage": string(maxLength=messaging.MAX_TEMPLATE_LANGUAGE),
         "externalId": string("the same one again returns the stored message", **short),
         "sentAt": string("any ISO 8601 date-time with an offset", format="date-time"),
         "quotedMessageId": string("a message of the same channel", **short),
@@ -437,16 +447,18 @@ def messaging_operations() -> list[Entry]:
     message = request_object(
         {
             "channelId": string(**short),
-            "direction": enum(*DIRECTION),
+            "direction": enum(*DIRECTIONS),
             "contact": contact,
-            "type": string("TEXT, IMAGE, ...; SYSTEM is reserved", minLength=1, maxLength=32),
+            "type": string(
+                "TEXT, IMAGE, ...; SYSTEM is reserved", minLength=1, maxLength=messaging.MAX_TYPE
+            ),
             **{name: nullable(schema) for name, schema in optional.items()},
         },
         required=["channelId", "direction", "contact", "type"],
     )
     status_word = string(
         "a word like SENT, DELIVERED, READ or FAILED; stored upper-cased",
-        pattern=r"^[A-Za-z][A-Za-z_]{0,31}$",
+        pattern=f"^{messaging.STATUS_WORD.pattern}$",
     )
     return [
         op(
@@ -540,7 +552,7 @@ def team_operations() -> list[Entry]:
             "Invite a person by email",
             ok("Invite", "The invite; the email to the person carries the accept token.", 201),
             body=request_object(
-                {"email": string(maxLength=320), "channelIds": channel_ids},
+                {"email": string(maxLength=team.MAX_EMAIL), "channelIds": channel_ids},
                 required=["email", "channelIds"],
             ),
             errors={404: ["not_found"], 409: ["already_member"]},
@@ -566,8 +578,10 @@ def team_operations() -> list[Entry]:
             access="public",
             body=request_object(
                 {
-                    "token": string("from the invite email", maxLength=200),
-                    "name": string("1 to 200 characters after trimming", maxLength=200),
+                    "token": string("from the invite email", maxLength=team.MAX_TOKEN),
+                    "name": string(
+                        f"1 to {team.MAX_NAME} characters after trimming", maxLength=team.MAX_NAME
+                    ),
                 },
                 required=["token", "name"],
             ),
@@ -627,7 +641,7 @@ def channel_webhook_operations() -> list[Entry]:
     op = functools.partial(operation, tag="channel webhooks", access="owner")
     base = "/api/v1/channels/{channelId}"
     token = query("token", string(), "The token from the email's link.")
-    urls = array(string("checked like the inbox webhook URL")) | {"maxItems": 10}
+    urls = array(string("checked like the inbox webhook URL")) | {"maxItems": MAX_URLS}
     notifications = request_object({"email": boolean()}, required=["email"])
     return [
         op(
@@ -906,7 +920,7 @@ def _components() -> dict[str, Any]:
                 " is 422 idempotency_key_reused; a repeat while the first still runs is 409"
                 " idempotency_in_progress; 409 idempotency_key_applied when the first was"
                 " applied but its response was lost in a restart.",
-                "schema": string(pattern=r"^[\x21-\x7e]{1,255}$"),
+                "schema": string(pattern=IDEMPOTENCY_KEY.pattern),
             }
         },
         "headers": {

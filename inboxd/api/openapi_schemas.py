@@ -14,9 +14,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from inboxd.api.http import MAX_LIMIT
+from inboxd.model import DIRECTIONS, ROLE_OPERATOR, ROLES, SETTABLE_STATUSES
 from inboxd.store import events as ev
+from inboxd.store.team import INVITE_STATUSES
 from inboxd.webhooks import catalog
 from inboxd.webhooks.channel import PROBE_TYPE
+from inboxd.webhooks.policy import URL_STATES
 
 Schema = dict[str, Any]
 
@@ -26,7 +29,6 @@ CURSOR_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{19}Z$"
 SECRET_PATTERN: Final = r"^whsec_[A-Za-z0-9_-]{43,}$"
 
 CONVERSATION_STATUSES: Final = ("OPEN", "CLOSED", "ASSIGNED", "RESOLVED", "BLOCKED")
-DIRECTION: Final = ("INBOUND", "OUTBOUND")
 
 # -- schema helpers ------------------------------------------------------------------------------
 
@@ -137,7 +139,7 @@ def _conversation_fields() -> dict[str, Schema]:
         "tags": array(string()),
         "lastMessagePreview": nullable(string()),
         "lastMessageType": nullable(string()),
-        "lastMessageDirection": nullable(enum(*DIRECTION)),
+        "lastMessageDirection": nullable(enum(*DIRECTIONS)),
         "lastMessageStatus": nullable(string()),
         "unreadCount": integer(minimum=0),
         "isBlocked": boolean(),
@@ -156,7 +158,7 @@ def _message() -> Schema:
             "id": string(),
             "conversationId": string(),
             "channelId": string(),
-            "direction": enum(*DIRECTION, description="SYSTEM rows are OUTBOUND."),
+            "direction": enum(*DIRECTIONS, description="SYSTEM rows are OUTBOUND."),
             "type": string("TEXT, IMAGE, ... as reported; SYSTEM marks the inbox's own events"),
             "content": nullable(string()),
             "mediaUrl": nullable(string()),
@@ -276,7 +278,7 @@ def resource_schemas() -> dict[str, Schema]:
                 "id": string("usable as userId when assigning"),
                 "name": string(),
                 "avatar": nullable(string()),
-                "role": enum("OWNER", "OPERATOR"),
+                "role": enum(*ROLES),
             }
         ),
         "Conversation": record(
@@ -313,7 +315,7 @@ def resource_schemas() -> dict[str, Schema]:
                 "id": string(),
                 "content": nullable(string()),
                 "type": string(),
-                "direction": enum(*DIRECTION),
+                "direction": enum(*DIRECTIONS),
                 "contactName": string(),
                 "contactPhone": string(),
                 "mediaUrl": nullable(string()),
@@ -347,7 +349,7 @@ def resource_schemas() -> dict[str, Schema]:
                 "inviteId": string(),
                 "email": string(),
                 "channelIds": array(string()),
-                "status": enum("PENDING", "ACCEPTED", "REVOKED", "EXPIRED"),
+                "status": enum(*INVITE_STATUSES),
                 "createdAt": date_time(),
                 "expiresAt": date_time("7 days after creation"),
             }
@@ -359,7 +361,7 @@ def resource_schemas() -> dict[str, Schema]:
                 "email": string(),
                 "name": string(),
                 "avatar": nullable(string()),
-                "role": enum("OPERATOR"),
+                "role": enum(ROLE_OPERATOR),
                 "channelIds": array(string()),
                 "createdAt": date_time(),
             }
@@ -427,7 +429,7 @@ def resource_schemas() -> dict[str, Schema]:
         "ChannelWebhookUrl": record(
             {
                 "url": string(),
-                "state": enum("delivering", "paused", "disabled"),
+                "state": enum(*URL_STATES),
                 "failureCount": integer(minimum=0),
                 "firstFailureAt": nullable(date_time()),
                 "lastFailureAt": nullable(date_time()),
@@ -483,7 +485,7 @@ def _event_data_schemas() -> tuple[dict[str, str], dict[str, Schema]]:
         ev.STATUS_CHANGED: (
             "StatusChangedData",
             {
-                "status": enum("OPEN", "CLOSED"),
+                "status": enum(*SETTABLE_STATUSES),
                 "previousStatus": enum(*CONVERSATION_STATUSES),
                 "actorUserId": nullable(string("null when an inbound message reopened it")),
             },

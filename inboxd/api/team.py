@@ -22,10 +22,12 @@ public = Blueprint("team_public", __name__, url_prefix="/api/v1/inbox/team/invit
 
 _EMAIL: Final = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 MAX_NAME: Final = 200
+MAX_EMAIL: Final = 320
+MAX_TOKEN: Final = 200
 
 
 def _email(body: dict[str, Any]) -> str:
-    email: str = field(body, "email", str, required=True, max_len=320).strip()
+    email: str = field(body, "email", str, required=True, max_len=MAX_EMAIL).strip()
     if not _EMAIL.match(email):
         raise InvalidRequest("email must be an email address")
     return email
@@ -85,7 +87,7 @@ async def revoke_invite(invite_id: str) -> Response:
 @public.post("/accept")
 async def accept_invite() -> Response:
     body = await json_body()
-    token = field(body, "token", str, required=True, max_len=200)
+    token = field(body, "token", str, required=True, max_len=MAX_TOKEN)
     name = field(body, "name", str, required=True, max_len=MAX_NAME).strip()
     if not name:
         raise InvalidRequest("name must not be empty")

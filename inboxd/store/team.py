@@ -43,6 +43,9 @@ class Member:
     created_at: int
 
 
+INVITE_STATUSES: Final = ("PENDING", "ACCEPTED", "REVOKED", "EXPIRED")
+
+
 def _invite(row: sqlite3.Row, now: int) -> Invite:
     if row["accepted_at"] is not None:
         status = "ACCEPTED"

@@ -25,6 +25,7 @@ import attrs
 DELIVERING: Final = "delivering"
 PAUSED: Final = "paused"
 DISABLED: Final = "disabled"
+URL_STATES: Final = (DELIVERING, PAUSED, DISABLED)
 
 SECOND_US: Final = 1_000_000
 # Head-of-line retries of a failed message (CONTRACT section 7); the last pause repeats.
