@@ -16,6 +16,62 @@ def test_only_a_store_that_takes_at_most_half_the_available_memory_is_warmed() -
     assert not warm.worth_warming(1, None)  # no /proc/meminfo: leave the cache alone
 
 
+def _files(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_cgroup_v2_limit_and_its_parents_bound_the_memory_for_warming(tmp_path: Path) -> None:
+    gib = 1 << 30
+    membership = tmp_path / "proc-self-cgroup"
+    membership.write_text("0::/system.slice/inboxd.service\n")
+    root = tmp_path / "cgroup"
+    _files(
+        root,
+        {
+            "cgroup.controllers": "cpu memory",
+            "system.slice/inboxd.service/memory.max": f"{8 * gib}",
+            "system.slice/inboxd.service/memory.high": "max",
+            "system.slice/inboxd.service/memory.current": f"{1 * gib}",
+        },
+    )
+    assert warm.cgroup_headroom(root, membership) == 7 * gib
+    _files(
+        root, {"system.slice/memory.max": f"{4 * gib}", "system.slice/memory.current": f"{3 * gib}"}
+    )
+    assert warm.cgroup_headroom(root, membership) == 1 * gib  # the parent has less room
+    _files(root, {"system.slice/inboxd.service/memory.high": f"{1 * gib}"})
+    assert warm.cgroup_headroom(root, membership) == 0  # at its high mark already
+
+
+def test_a_cgroup_v1_limit_counts_and_an_unlimited_one_does_not(tmp_path: Path) -> None:
+    gib = 1 << 30
+    membership = tmp_path / "proc-self-cgroup"
+    membership.write_text("5:cpu,cpuacct:/a/b\n4:memory:/a/b\n0::/\n")
+    root = tmp_path / "cgroup"
+    unlimited = "9223372036854771712"
+    _files(
+        root,
+        {
+            "memory/memory.limit_in_bytes": unlimited,
+            "memory/memory.usage_in_bytes": f"{20 * gib}",
+            "memory/a/b/memory.limit_in_bytes": unlimited,
+            "memory/a/b/memory.usage_in_bytes": f"{1 * gib}",
+        },
+    )
+    assert warm.cgroup_headroom(root, membership) is None  # no limit anywhere
+    _files(
+        root,
+        {
+            "memory/a/memory.limit_in_bytes": f"{2 * gib}",
+            "memory/a/memory.usage_in_bytes": f"{gib // 2}",
+        },
+    )
+    assert warm.cgroup_headroom(root, membership) == 3 * gib // 2
+    assert warm.cgroup_headroom(root, tmp_path / "absent") is None
+
+
 def cold_store(db: Path) -> None:
     """A database and a WAL of random bytes, on the disk only (as after a reboot)."""
     db.write_bytes(os.urandom(24 << 20))

@@ -16,7 +16,11 @@ writes to (SQLite's "How To Corrupt" section 2.2). A test that revokes a key wit
 the daemon runs caught exactly that with an in-process first version.
 
 Only when the store takes at most ``MAX_SHARE_OF_AVAILABLE`` of the memory the OS reports
-available, so that warming never pushes out what the machine needs more.
+available, so that warming never pushes out what the machine needs more. In a container or a
+systemd unit with ``MemoryMax=``/``MemoryHigh=``, the page cache the reader fills is charged to
+the daemon's own memory cgroup, so what counts there is the lesser of that and the room left
+below the cgroup's limits (and its parents'): v2 ``memory.high``/``memory.max`` against
+``memory.current``, v1 ``memory.limit_in_bytes`` against ``memory.usage_in_bytes``.
 """
 
 from __future__ import annotations
@@ -63,6 +67,66 @@ def available_memory() -> int | None:
     return None
 
 
+CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
+# cgroup v1 reports "no limit" as 2**63 - 1 rounded down to a page.
+_V1_UNLIMITED: Final = 1 << 62
+
+
+def _room_below_limits(directory: Path, limits: tuple[str, ...], usage: str) -> int | None:
+    """Bytes left below the lowest of the cgroup directory's limits; None without a limit."""
+    found = []
+    for name in limits:
+        try:
+            raw = (directory / name).read_text().strip()
+        except OSError:
+            continue
+        if raw != "max" and int(raw) < _V1_UNLIMITED:
+            found.append(int(raw))
+    if not found:
+        return None
+    return max(0, min(found) - int((directory / usage).read_text()))
+
+
+def cgroup_headroom(
+    root: Path = CGROUP_ROOT, membership: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """Bytes this process's memory cgroups (its own and every one above it, v1 or v2) let it
+    still use; None where none has a limit or there are no cgroups to read."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    rooms: list[int] = []
+    limits: tuple[str, ...]
+    try:
+        for line in lines:
+            hierarchy, controllers, path = line.split(":", 2)
+            if hierarchy == "0" and not controllers:  # v2; in a hybrid set-up under unified/
+                base = root if (root / "cgroup.controllers").exists() else root / "unified"
+                limits, usage = ("memory.high", "memory.max"), "memory.current"
+            elif "memory" in controllers.split(","):
+                base = root / "memory"
+                limits, usage = ("memory.limit_in_bytes",), "memory.usage_in_bytes"
+            else:
+                continue
+            directory = base / path.strip("/")
+            for level in [directory, *directory.parents]:
+                room = _room_below_limits(level, limits, usage)
+                if room is not None:
+                    rooms.append(room)
+                if level == base:
+                    break
+    except (OSError, ValueError):
+        return None
+    return min(rooms) if rooms else None
+
+
+def memory_for_warming() -> int | None:
+    """What the page cache may grow by: the OS's available memory, or less within a cgroup."""
+    known = [m for m in (available_memory(), cgroup_headroom()) if m is not None]
+    return min(known) if known else None
+
+
 def files_of(db: Path) -> list[Path]:
     """The database file and its write-ahead log, those that exist."""
     return [p for p in (db, Path(f"{db}-wal")) if p.exists()]
@@ -81,7 +145,7 @@ async def warm(db: Path) -> None:
     except OSError as exc:  # a WAL checkpointed away between the two looks, say
         log.warning("could not warm the page cache", extra={"error": str(exc)})
         return
-    available = available_memory()
+    available = memory_for_warming()
     if not worth_warming(size, available):
         log.info(
             "not warming the page cache: the store is too large for the memory available",
