@@ -388,6 +388,8 @@ async def test_unsubscribed_owner_gets_no_mail(
     assert not (await owner.get(settings_path(seeded.sales_id))).json()["notifications"]["email"]
     wrong = await anon.post(f"/api/v1/channels/{seeded.sales_id}/unsubscribe?token=nope")
     assert wrong.status_code == 404
+    mangled = await anon.post(f"/api/v1/channels/{seeded.sales_id}/unsubscribe?token=n%C3%B6pe")
+    assert mangled.status_code == 404  # a token with non-ASCII characters is just wrong
     # A new failure episode: no warning this time.
     receiver.statuses += [503, 503]
     await send(owner, seeded, "two")

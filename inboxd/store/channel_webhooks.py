@@ -349,7 +349,10 @@ def unsubscribe(conn: sqlite3.Connection, channel_id: str, token: str, now: int)
         " JOIN channels ch ON ch.pk = s.channel_pk WHERE ch.id = ?",
         (channel_id,),
     ).fetchone()
-    if row is None or not secrets.compare_digest(str(row["unsubscribe_token"]), token):
+    # As bytes: compare_digest raises on str with non-ASCII characters (a mangled link was a 500).
+    if row is None or not secrets.compare_digest(
+        str(row["unsubscribe_token"]).encode(), token.encode()
+    ):
         return False
     set_notify_email(conn, row["channel_pk"], False, now)
     return True
