@@ -35,6 +35,10 @@ async def test_malformed_or_unknown_key_is_401(anon: httpx.AsyncClient, header: 
 async def test_unknown_path_is_404_json(owner: httpx.AsyncClient) -> None:
     assert_error(await owner.get("/api/v1/inbox/nothing-here"), 404, "not_found")
     assert_error(await owner.get("/nowhere"), 404, "not_found")
+    # An empty segment (an empty id) is no path of the API either: not a redirect that merges
+    # the slashes into another path.
+    assert_error(await owner.get("/api/v1/inbox/conversations//messages"), 404, "not_found")
+    assert_error(await owner.post("/api/v1/inbox/conversations//block"), 404, "not_found")
 
 
 async def test_plain_http_to_the_feed_says_it_is_a_websocket(owner: httpx.AsyncClient) -> None:

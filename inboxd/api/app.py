@@ -237,6 +237,9 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
     app.session_interface = NoSessions()  # type: ignore[assignment]  # Quart types it narrowly
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
+    # An empty path segment (".../conversations//messages") is a path the API does not have:
+    # 404 not_found, not werkzeug's 308 redirect to the path with the slashes merged.
+    app.url_map.merge_slashes = False
     app.extensions["inboxd"] = AppState(
         store=store,
         config=config,
