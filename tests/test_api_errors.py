@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import trio
+import trio.testing
 
+from inboxd.api.app import BODY_WAIT_SECONDS
 from inboxd.config import Config, LimitsConfig, ServerConfig
 from tests.conftest import Seed, auth, ingest
 
@@ -284,3 +287,73 @@ async def test_413_closes_the_connection(owner: httpx.AsyncClient, seeded: Seed)
     assert response.headers["connection"] == "close"
     # The client opens a new connection and carries on.
     assert (await owner.get("/api/v1/inbox/channels")).status_code == 200
+
+
+async def _connect(base_url: str) -> trio.SocketStream:
+    host, port = base_url.split("//", 1)[1].rsplit(":", 1)
+    return await trio.open_tcp_stream(host, int(port))
+
+
+def _post_head(key: str, length: int) -> bytes:
+    return (
+        "POST /api/v1/messaging/messages HTTP/1.1\r\nHost: inboxd\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def _read_responses(stream: trio.SocketStream, count: int) -> bytes:
+    """Bytes until ``count`` complete responses (each with a Content-Length) or the end."""
+    data = b""
+    while True:
+        heads = data.split(b"HTTP/1.1 ")[1:]
+        done = 0
+        for head in heads:
+            header, _, rest = head.partition(b"\r\n\r\n")
+            length = int(header.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            done += len(rest) >= length
+        if done >= count:
+            return data
+        more = await stream.receive_some()
+        if not more:
+            return data
+        data += more
+
+
+async def test_an_answer_decided_before_the_body_keeps_the_connection(
+    base_url: str, seeded: Seed
+) -> None:
+    """A 403 decided from the headers waits for the body still under way, then the same
+    connection serves the next request. (Answering first made hypercorn close the connection,
+    and when the rest arrived during that close the next request waited forever.)"""
+    stream = await _connect(base_url)
+    body = b'{"channelId": "x"}'
+    await stream.send_all(_post_head(seeded.bob_key, len(body)))
+    with trio.move_on_after(0.2):  # the body is "on its way": nothing is answered meanwhile
+        early = await stream.receive_some()
+        raise AssertionError(f"answered before the body arrived: {early[:60]!r}")
+    second = (
+        "GET /api/v1/inbox/channels HTTP/1.1\r\nHost: inboxd\r\n"
+        f"Authorization: Bearer {seeded.owner_key}\r\n\r\n"
+    ).encode()
+    await stream.send_all(body + second)
+    with trio.fail_after(5):
+        answers = await _read_responses(stream, 2)
+    assert answers.startswith(b"HTTP/1.1 403 ")
+    assert b"HTTP/1.1 200 " in answers
+    assert b"connection: close" not in answers.lower()
+    await stream.aclose()
+
+
+async def test_a_body_that_never_comes_closes_the_connection_after_a_while(
+    autojump_clock: trio.testing.MockClock, base_url: str, seeded: Seed
+) -> None:
+    stream = await _connect(base_url)
+    await stream.send_all(_post_head(seeded.bob_key, 100))  # and never the 100 bytes
+    started = trio.current_time()
+    with trio.fail_after(60):
+        answer = await _read_responses(stream, 1)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert b"connection: close" in answer.lower()
+    assert trio.current_time() - started >= BODY_WAIT_SECONDS
+    await stream.aclose()

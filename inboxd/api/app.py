@@ -18,6 +18,7 @@ import time
 from typing import Any, Final, cast
 
 import attrs
+import trio
 from quart import Response, current_app, g, request
 from quart.sessions import NullSession, SessionInterface
 from quart_trio import QuartTrio
@@ -230,6 +231,15 @@ class NoSessions(SessionInterface):
         return None
 
 
+# How long a response waits for the rest of a request body it did not need (see
+# finish_reading_the_body in create_app).
+BODY_WAIT_SECONDS: Final = 10.0
+
+
+def _has_body() -> bool:
+    return bool(request.content_length) or "transfer-encoding" in request.headers
+
+
 def create_app(store: Store, config: Config, clock: Clock | None = None) -> QuartTrio:
     from inboxd.api import channels, feed, inbox, messaging, ops, team, webhook
 
@@ -280,6 +290,29 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
                     "ms": round(took * 1000, 2),
                 },
             )
+        return response
+
+    @app.after_request
+    async def finish_reading_the_body(response: Response) -> Response:
+        """Read what is left of the request's body before the response ends.
+
+        An answer given before the body was read (a 401, 403 or 404 decided from the headers)
+        would otherwise end while the body is still arriving, and hypercorn then closes the
+        connection: a keep-alive client's next request on it fails. Worse, when the body and the
+        client's next request arrive while that close is under way, quart-trio's disconnect
+        handling cancels the close half-done and the next request waits unanswered until the
+        client gives up (found by tests/test_fuzz.py; tests/test_api_errors.py has the
+        sequence). Bodies are small (``server.max_body_bytes``); one that does not come within
+        BODY_WAIT_SECONDS, or is too large, closes the connection instead."""
+        if response.status_code == 413 or not _has_body():
+            return response
+        with trio.move_on_after(BODY_WAIT_SECONDS) as waited:
+            try:
+                await request.get_data(cache=False)
+            except HTTPException:  # over max_body_bytes, or the client went away
+                response.headers["Connection"] = "close"
+        if waited.cancelled_caught:
+            response.headers["Connection"] = "close"
         return response
 
     @app.errorhandler(InboxError)
