@@ -22,7 +22,7 @@ import functools
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import httpx
 from jsonschema import Draft202012Validator
@@ -189,12 +189,42 @@ def _check_body(response: httpx.Response, documented: Mapping[str, Any], where: 
         validate(response.json(), content[media_type]["schema"], f"{where} body")
 
 
+# How a query string spells a boolean: the document's `true`/`false` and the `1`/`0` its
+# descriptions allow, in any case (README, "Query parameters").
+_BOOLEANS: Final = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _parameter_value(raw: str, schema: Mapping[str, Any]) -> Any:
+    """A query or header value as the schema's type, or the raw text when it is no such value
+    (which then fails the schema)."""
+    kind = schema.get("type")
+    if kind == "integer" and re.fullmatch(r"-?[0-9]+", raw):
+        return int(raw)
+    if kind == "boolean":
+        return _BOOLEANS.get(raw.lower(), raw)
+    return raw
+
+
 def _check_request(request: httpx.Request, operation: Mapping[str, Any], where: str) -> None:
-    """A request the server accepted must be one the document allows."""
+    """A request the server accepted must be one the document allows: its parameters (present
+    when required, each value within its schema) and its body."""
     for parameter in map(_resolve, operation.get("parameters", [])):
-        required = parameter["in"] == "query" and parameter.get("required")
-        if required and parameter["name"] not in request.url.params:
-            raise Mismatch(f"{where}: accepted without the required {parameter['name']}")
+        name, place = parameter["name"], parameter["in"]
+        if place == "query":
+            values = request.url.params.get_list(name)
+        elif place == "header":
+            values = request.headers.get_list(name)
+        else:
+            continue
+        if not parameter.get("required"):
+            values = [v for v in values if v != ""]  # an empty optional value is absent (README)
+        if not values:
+            if parameter.get("required"):
+                raise Mismatch(f"{where}: accepted without the required {name}")
+            continue
+        schema = _resolve(parameter["schema"])
+        for raw in values:
+            validate(_parameter_value(raw, schema), schema, f"{where} {place} {name}={raw!r}")
     body = request.content
     documented = operation.get("requestBody")
     if documented is None:
