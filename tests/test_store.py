@@ -324,6 +324,42 @@ async def test_a_write_that_waited_for_the_disk_sends_its_kind_to_threads(
     assert seqs[:2] == [first, second] and len(seqs) == 3
 
 
+async def test_the_writes_of_a_batch_after_one_that_waited_for_the_disk_leave_the_loop(
+    patient_store: Store, device: Device
+) -> None:
+    """One transaction, three writes: the first reads from the disk on the loop, so the other
+    two (whose pages may be cold as well) run in the worker thread that commits them all."""
+    store = patient_store
+    loop_thread = threading.get_ident()
+    ran_on: dict[int, int] = {}
+
+    def append(conn: sqlite3.Connection, n: int, cold: bool) -> int:
+        ran_on[n] = threading.get_ident()
+        if cold:
+            device.blocks += 8
+        return append_event(conn, n, False)
+
+    seqs: dict[int, int] = {}
+
+    async def write(n: int, cold: bool) -> None:
+        seqs[n] = await store.write(append, n, cold)
+
+    release = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hold_writer, store, release)
+        for n, cold in ((1, True), (2, False), (3, False)):
+            nursery.start_soon(write, n, cold)
+            await trio.testing.wait_all_tasks_blocked()
+        release.set()
+    assert ran_on[1] == loop_thread
+    assert ran_on[2] == ran_on[3] != loop_thread
+    assert store.loop_disk_waits == 1 and store.offloaded_batches == 0
+    committed = store.read_sync(
+        lambda c: [r[0] for r in c.execute("SELECT seq FROM events WHERE type = 'test.event'")]
+    )
+    assert committed == [seqs[1], seqs[2], seqs[3]]
+
+
 def test_the_disk_count_sees_reads_the_page_cache_could_not_answer(tmp_path: Path) -> None:
     """db.thread_disk_reads on a real file: dropped from the page cache, then read back."""
     path = tmp_path / "cold"

@@ -7,8 +7,9 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
   ``BEGIN IMMEDIATE ... COMMIT``, one batch at a time (a ``CapacityLimiter(1)``; writes that wait
   share the next transaction). A state change, its SYSTEM message and its journal event are one
   call, so they commit together or not at all. The writes run on the trio thread within the same
-  budget as reads and only the COMMIT (the fsync) goes to a worker thread; a batch that overruns,
-  or finds another process holding the write lock, runs whole in a worker thread instead. The
+  budget as reads and only the COMMIT (the fsync) goes to a worker thread, with the rest of the
+  batch after a write that read from the disk; a batch that overruns, or finds another process
+  holding the write lock, runs whole in a worker thread instead. The
   default ``abandon_on_cancel=False`` means a cancelled caller still lets the commit finish.
 - ``await store.read(fn, ...)`` runs ``fn`` inside a read transaction (one consistent snapshot).
   It first runs on the trio thread with a budget: ``INLINE_CPU_SECONDS`` of the thread's CPU time
@@ -514,12 +515,13 @@ class Store:
                     with trio.CancelScope(shield=True):
                         if not self._offload:
                             self._run_batch(batch)
-                        elif self._run_batch_inline(batch):
-                            # The changes are made; only the COMMIT (the fsync) leaves the loop.
-                            await trio.to_thread.run_sync(self._commit_batch, batch)
-                        else:
+                        elif (done := self._run_batch_inline(batch)) is None:
                             self.offloaded_batches += 1
                             await trio.to_thread.run_sync(self._run_batch, batch)
+                        else:
+                            # The first ``done`` changes are made; the rest (after one waited
+                            # for the disk) and the COMMIT (the fsync) leave the loop.
+                            await trio.to_thread.run_sync(self._finish_batch, batch, done)
                 except BaseException as exc:  # never expected: the batch fails, not the store
                     self._fail_batch(batch, exc)
                     raise
@@ -576,6 +578,20 @@ class Store:
         finally:
             conn.appended, conn.wakes = [], set()
 
+    def _finish_batch(self, batch: list[_WriteRequest], done: int) -> None:
+        """In a worker thread: the batch's writes from ``done`` on, in the transaction the trio
+        thread opened, then the COMMIT."""
+        if done < len(batch) and self._writer.in_transaction:
+            self._writer.check_every(COARSE_STEPS)
+            try:
+                self._run_writes(batch[done:])
+            except BaseException as exc:
+                self._fail_batch(batch, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+        self._commit_batch(batch)
+
     def _commit_batch(self, batch: list[_WriteRequest]) -> None:
         """COMMIT the open transaction (in a worker thread: this is where SQLite fsyncs)."""
         if not self._writer.in_transaction:  # the batch failed as a whole; errors are set
@@ -598,18 +614,20 @@ class Store:
             if r.error is None:
                 r.error = exc
 
-    def _run_batch_inline(self, batch: list[_WriteRequest]) -> bool:
+    def _run_batch_inline(self, batch: list[_WriteRequest]) -> int | None:
         """Make the batch's changes on the trio thread, each write within the inline budget,
-        leaving the transaction open for the caller to commit in a worker thread. False (and
-        nothing done) when the batch must run in a thread instead: another process holds the
-        write lock, or one of its writes overran the budget lately or now.
+        leaving the transaction open for the caller to finish in a worker thread; how many
+        writes were made (fewer than all when one of them read from the disk: the rest go to
+        the thread too). None (and nothing done) when the batch must run in a thread instead:
+        another process holds the write lock, or one of its writes overran the budget lately
+        or now.
 
         Why: in a worker thread, each statement hands the GIL back and forth with the busy trio
         thread, which cost more than the writes themselves and left the loop idle waiting for
         them (BENCHMARKS.md); the fsync at COMMIT is the only part that must leave the loop."""
         now = time.monotonic()
         if any(self._inline_backoff.get(r.kind, 0.0) > now for r in batch):
-            return False
+            return None
         conn = self._writer
         conn.wait_when_busy(0)  # never wait on the loop: a busy store goes to a thread
         conn.check_every(FINE_STEPS)
@@ -617,8 +635,9 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if _interrupted_or_busy(exc):
-                return False
+                return None
             raise
+        done = 0
         try:
             for r in batch:
                 conn.deadline = time.monotonic() + INLINE_WALL_SECONDS
@@ -626,9 +645,11 @@ class Store:
                 blocks = self.disk_reads()
                 try:
                     self._run_writes([r])
-                    # Done. Later batches of this kind go to a thread; the rest of this one
-                    # stays here (its transaction is open on this thread).
-                    self._note_disk_wait(r.kind, blocks)
+                    done += 1
+                    # Done. If it read from the disk, later batches of its kind go to a
+                    # thread, and so does the rest of this one (its pages may be cold too).
+                    if self._note_disk_wait(r.kind, blocks):
+                        break
                 except sqlite3.OperationalError as exc:
                     if not _interrupted(exc):
                         raise
@@ -638,16 +659,16 @@ class Store:
                     self._fail_batch(batch, exc)
                     for undone in batch:
                         undone.result, undone.error = None, None
-                    return False
+                    return None
         except BaseException as exc:
             # Not a write's own error (those stay with it): the transaction itself failed.
-            # Its COMMIT will find nothing to commit and leave every error in place.
+            # Finishing it will find nothing to commit and leave every error in place.
             self._fail_batch(batch, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
             conn.lift_deadline()
-        return True
+        return done
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` in one snapshot: on the trio thread within the inline budget,
@@ -687,12 +708,15 @@ class Store:
                 conn.deadline = float("inf")
                 self._readers.append(conn)
 
-    def _note_disk_wait(self, kind: Callable[..., Any], blocks_before: int) -> None:
+    def _note_disk_wait(self, kind: Callable[..., Any], blocks_before: int) -> bool:
         """After work on the trio thread: if it read from the device, the loop waited for the
-        disk. Send that function to worker threads for a while; they warm the pages up."""
-        if self.disk_reads() != blocks_before:
-            self.loop_disk_waits += 1
-            self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
+        disk. Send that function to worker threads for a while (they warm the pages up) and
+        say so."""
+        if self.disk_reads() == blocks_before:
+            return False
+        self.loop_disk_waits += 1
+        self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
+        return True
 
     @staticmethod
     def _read_on(
