@@ -16,13 +16,17 @@ from typing import Final
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US: Final = dt.timedelta(microseconds=1)
 
-# Any ISO 8601 date-time with an explicit offset. Python's fromisoformat truncates fractions past six
-# digits, so the fraction is split off here and read digit by digit (see cursors.py for why).
-_ISO_RE: Final = re.compile(
-    r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<hms>\d{2}:\d{2}(?::\d{2})?)"
-    r"(?:[.,](?P<frac>\d{1,30}))?(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)$",
-    re.ASCII,  # \d is 0-9 only, not every script's digits
+# Any ISO 8601 date-time with an explicit offset: "T" or a space, seconds optional, a fraction
+# after "." or ",", and "Z", +hh, +hhmm or +hh:mm. Python's fromisoformat truncates fractions past
+# six digits, so the fraction is split off here and read digit by digit (see cursors.py for why).
+ISO_DATE_TIME: Final = (
+    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ](?P<hms>[0-9]{2}:[0-9]{2}(?::[0-9]{2})?)"
+    r"(?:[.,](?P<frac>[0-9]{1,30}))?(?P<tz>[Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)$"
 )
+_ISO_RE: Final = re.compile(ISO_DATE_TIME)
+# The same without group names, as JSON Schema (ECMA-262) writes a pattern: what the OpenAPI
+# document states for the date-times a client sends.
+ISO_DATE_TIME_SCHEMA: Final = re.sub(r"\?P<\w+>", "", ISO_DATE_TIME)
 # Instants the store and the wire can hold: from the epoch to the end of year 9999.
 MIN_US: Final = 0
 MAX_US: Final = 253_402_300_799_999_999
@@ -65,7 +69,7 @@ def parse_iso(text: str) -> tuple[int, str]:
     Returns the instant in whole microseconds (truncated) and the fraction's digits past the sixth,
     which only cursors use. Raises BadTimestamp for anything else, naive times included.
     """
-    m = _ISO_RE.match(text.strip())
+    m = _ISO_RE.fullmatch(text)
     if m is None:
         raise BadTimestamp(f"{text!r} is not an ISO 8601 date-time with a time zone offset")
     frac = m["frac"] or ""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from inboxd import cursors
-from inboxd.timeutil import BadTimestamp, format_us, parse_instant
+from inboxd.timeutil import ISO_DATE_TIME_SCHEMA, BadTimestamp, format_us, parse_instant
 
 
 @given(st.integers(0, 4_102_444_800_000_000), st.integers(1, 10**13 - 1))
@@ -29,11 +30,37 @@ def test_plain_instants() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "2026-01-01", "2026-01-01T00:00:00", "soon", "2026-13-01T00:00:00Z"]
+    "text",
+    [
+        "",
+        "2026-01-01",
+        "2026-01-01T00:00:00",
+        "soon",
+        "2026-13-01T00:00:00Z",
+        " 2026-01-01T00:00:00Z",
+        "2026-01-01T00:00:00Z\n",
+        "\u0662026-01-01T00:00:00Z",
+    ],
 )
 def test_rejects_what_is_not_a_date_time_with_offset(text: str) -> None:
     with pytest.raises(BadTimestamp):
         cursors.decode(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-01-01T00:00Z",
+        "2026-01-01 00:00:00+01",
+        "2026-01-01t00:00:00,5+0100",
+        "2026-01-01T00:00:00.1234567890123456789-05:30",
+    ],
+)
+def test_the_iso_forms_the_document_states_are_the_forms_accepted(text: str) -> None:
+    """The OpenAPI document's pattern for the date-times clients send (cursor, sentAt) is the
+    parser's own, without its group names."""
+    assert re.search(ISO_DATE_TIME_SCHEMA, text)
+    assert cursors.decode(text)[0] > 0
 
 
 def test_parse_instant_accepts_offsets() -> None:

@@ -45,6 +45,7 @@ from inboxd.api.openapi_schemas import (
 )
 from inboxd.model import DIRECTIONS, SETTABLE_STATUSES
 from inboxd.store import conversations, messages
+from inboxd.timeutil import ISO_DATE_TIME_SCHEMA
 from inboxd.webhooks import catalog
 from inboxd.webhooks.channel import PROBE_TYPE
 
@@ -147,7 +148,7 @@ LIMIT: Final = query(
 )
 CURSOR: Final = query(
     "cursor",
-    string(format="date-time"),
+    string(pattern=ISO_DATE_TIME_SCHEMA),
     "The previous page's `nextCursor`, or any ISO 8601 date-time with an offset: rows older than"
     " that instant.",
 )
@@ -439,7 +440,7 @@ def messaging_operations() -> list[Entry]:
         "templateName": string(**short),
         "templateLanguage": string(maxLength=messaging.MAX_TEMPLATE_LANGUAGE),
         "externalId": string("the same one again returns the stored message", **short),
-        "sentAt": string("any ISO 8601 date-time with an offset", format="date-time"),
+        "sentAt": string("any ISO 8601 date-time with an offset", pattern=ISO_DATE_TIME_SCHEMA),
         "quotedMessageId": string("a message of the same channel", **short),
         "latitude": number(minimum=-90, maximum=90),
         "longitude": number(minimum=-180, maximum=180),
