@@ -54,12 +54,32 @@ DAMON_ADMIN = Path("/sys/kernel/mm/damon/admin/kdamonds")
 DAMON_RECLAIM = Path("/sys/module/damon_reclaim/parameters")
 
 
+def _pages_out_page_cache(context: Path, scheme: Path) -> bool:
+    """Whether a DAMON pageout scheme can reach unmapped file pages (the page cache): it
+    monitors physical memory and no filter of its rejects them or all but anonymous memory."""
+    if (context / "operations").read_text().strip() != "paddr":
+        return False
+    filters = scheme / "ops_filters"
+    if not filters.exists():
+        filters = scheme / "filters"
+    for rule in sorted(filters.glob("[0-9]*")):
+        kind = (rule / "type").read_text().strip()
+        matching = (rule / "matching").read_text().strip() == "Y"
+        allow = (rule / "allow").read_text().strip() == "Y"
+        if kind == "unmapped" and matching and not allow:
+            return False  # unmapped pages rejected
+        if kind == "anon" and matching and allow:
+            return False  # only anonymous memory allowed
+    return True
+
+
 def page_cache_reclaim(admin: Path = DAMON_ADMIN, module: Path = DAMON_RECLAIM) -> str | None:
-    """How the kernel pages out memory nobody touched for a while, if it does: a DAMON
-    ``pageout`` scheme (some virtual machines run one) or the DAMON_RECLAIM module. On such a
-    machine the page cache keeps only what the load touched in the last minute or so, so a large
-    store is partly cold whatever read it before: loop disk waits and offloaded work follow.
-    None when neither is on (or this is not Linux)."""
+    """How the kernel pages out page cache nobody touched for a while, if it does: a DAMON
+    ``pageout`` scheme over physical memory (some virtual machines run one) or the
+    DAMON_RECLAIM module. On such a machine the page cache keeps only what the load touched in
+    the last minute or so, so a large store is partly cold whatever read it before: loop disk
+    waits and offloaded work follow. None when neither is on (or this is not Linux); "unknown"
+    when DAMON runs but its settings cannot be read (they are root's only)."""
     try:
         for kdamond in sorted(admin.glob("[0-9]*")):
             if (kdamond / "state").read_text().strip() != "on":
@@ -69,6 +89,8 @@ def page_cache_reclaim(admin: Path = DAMON_ADMIN, module: Path = DAMON_RECLAIM) 
                 for scheme in sorted((context / "schemes").glob("[0-9]*")):
                     if (scheme / "action").read_text().strip() != "pageout":
                         continue
+                    if not _pages_out_page_cache(context, scheme):
+                        continue
                     age = int((scheme / "access_pattern/age/min").read_text()) * aggregate_us
                     quota = int((scheme / "quotas/bytes").read_text())
                     every = int((scheme / "quotas/reset_interval_ms").read_text())
@@ -77,6 +99,8 @@ def page_cache_reclaim(admin: Path = DAMON_ADMIN, module: Path = DAMON_RECLAIM) 
         if (module / "enabled").read_text().strip() == "Y":
             age = int((module / "min_age").read_text())
             return f"DAMON_RECLAIM pages out memory idle for {age / 1e6:.0f} s or more"
+    except PermissionError:
+        return "unknown: DAMON runs, its settings are readable by root only"
     except (OSError, ValueError):
         return None
     return None

@@ -194,15 +194,17 @@ def _check_body(response: httpx.Response, documented: Mapping[str, Any], where: 
 _BOOLEANS: Final = {"true": True, "false": False, "1": True, "0": False}
 
 
-def _parameter_value(raw: str, schema: Mapping[str, Any]) -> Any:
+def _parameter_value(raw: str, schema: Mapping[str, Any], where: str) -> Any:
     """A query or header value as the schema's type, or the raw text when it is no such value
     (which then fails the schema)."""
     kind = schema.get("type")
-    if kind == "integer" and re.fullmatch(r"-?[0-9]+", raw):
-        return int(raw)
+    if kind == "integer":
+        return int(raw) if re.fullmatch(r"-?[0-9]+", raw) else raw
     if kind == "boolean":
         return _BOOLEANS.get(raw.lower(), raw)
-    return raw
+    if kind == "string":
+        return raw
+    raise Mismatch(f"{where}: the checker cannot read a parameter of schema {dict(schema)}")
 
 
 def _check_request(request: httpx.Request, operation: Mapping[str, Any], where: str) -> None:
@@ -222,9 +224,10 @@ def _check_request(request: httpx.Request, operation: Mapping[str, Any], where: 
             if parameter.get("required"):
                 raise Mismatch(f"{where}: accepted without the required {name}")
             continue
-        schema = _resolve(parameter["schema"])
-        for raw in values:
-            validate(_parameter_value(raw, schema), schema, f"{where} {place} {name}={raw!r}")
+        # The server reads the first of repeated values (request.args.get); so does this.
+        raw, schema = values[0], _resolve(parameter["schema"])
+        what = f"{where} {place} {name}={raw!r}"
+        validate(_parameter_value(raw, schema, what), schema, what)
     body = request.content
     documented = operation.get("requestBody")
     if documented is None:
