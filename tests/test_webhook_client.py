@@ -183,3 +183,15 @@ async def test_an_endless_answer_body_keeps_its_status_and_loses_its_connection(
     assert outcome.status == 200 and outcome.ok
     assert 10 <= waited < 15
     assert again.ok and len(receiver.requests) == 2
+
+
+async def test_a_host_that_does_not_resolve_is_a_failed_attempt_not_an_exception() -> None:
+    """RFC 6761 reserves .invalid: it never resolves. The resolver's error (socket.gaierror)
+    used to escape post_event, so deliverers logged and retried without recording anything."""
+    client = make_client(WebhooksConfig(allow_private_hosts=False))
+    async with client:
+        outcome = await post_event(
+            client, "https://hooks.inboxd-test.invalid/x", "whsec_x", b"{}", "t", "dlv_1"
+        )
+    assert outcome.status is None and not outcome.ok
+    assert outcome.error is not None and "did not resolve" in outcome.error

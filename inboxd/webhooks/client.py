@@ -102,8 +102,13 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
-            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        try:
+            with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+                infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:  # socket.gaierror: no such name, no resolver, ...
+            # An httpcore error, as connect failures are: post_event records it as a failed
+            # attempt (a bare gaierror escaped it, and the deliverer retried without a record).
+            raise httpcore.ConnectError(f"{host} did not resolve: {exc}") from None
         if scope.cancelled_caught:
             raise httpcore.ConnectTimeout(f"resolving {host} timed out")
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
