@@ -268,6 +268,37 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
     app.register_blueprint(channels.blueprint)
     app.register_blueprint(feed.blueprint)
 
+    @app.after_request
+    async def finish_reading_the_body(response: Response) -> Response:
+        """Read what is left of the request's body before the response ends.
+
+        An answer given before the body was read (a 401, 403 or 404 decided from the headers)
+        would otherwise end while the body is still arriving, and hypercorn then closes the
+        connection: a keep-alive client's next request on it fails. Worse, when the body and the
+        client's next request arrive while that close is under way, quart-trio's disconnect
+        handling cancels the close half-done and the next request waits unanswered until the
+        client gives up (found by tests/test_fuzz.py; tests/test_api_errors.py has the
+        sequence). Bodies are small (``server.max_body_bytes``); one that does not come within
+        BODY_WAIT_SECONDS, or is too large, is answered with ``Connection: close`` instead
+        (the client is to open a new connection; hypercorn drops one that keeps sending at its
+        read timeout).
+
+        Registered before ``log_access``: Quart runs these hooks last-registered first, so the
+        access log and the latency metric see the request without this wait."""
+        if response.status_code in (408, 413):  # the body is not coming, or too large
+            response.headers["Connection"] = "close"
+            return response
+        if not _has_body():
+            return response
+        with trio.move_on_after(BODY_WAIT_SECONDS) as waited:
+            try:
+                await request.get_data(cache=False)
+            except HTTPException:  # over max_body_bytes, or past Quart's body timeout
+                response.headers["Connection"] = "close"
+        if waited.cancelled_caught:
+            response.headers["Connection"] = "close"
+        return response
+
     @app.before_request
     async def start_timer() -> None:
         g.started = time.perf_counter()
@@ -290,29 +321,6 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
                     "ms": round(took * 1000, 2),
                 },
             )
-        return response
-
-    @app.after_request
-    async def finish_reading_the_body(response: Response) -> Response:
-        """Read what is left of the request's body before the response ends.
-
-        An answer given before the body was read (a 401, 403 or 404 decided from the headers)
-        would otherwise end while the body is still arriving, and hypercorn then closes the
-        connection: a keep-alive client's next request on it fails. Worse, when the body and the
-        client's next request arrive while that close is under way, quart-trio's disconnect
-        handling cancels the close half-done and the next request waits unanswered until the
-        client gives up (found by tests/test_fuzz.py; tests/test_api_errors.py has the
-        sequence). Bodies are small (``server.max_body_bytes``); one that does not come within
-        BODY_WAIT_SECONDS, or is too large, closes the connection instead."""
-        if response.status_code == 413 or not _has_body():
-            return response
-        with trio.move_on_after(BODY_WAIT_SECONDS) as waited:
-            try:
-                await request.get_data(cache=False)
-            except HTTPException:  # over max_body_bytes, or the client went away
-                response.headers["Connection"] = "close"
-        if waited.cancelled_caught:
-            response.headers["Connection"] = "close"
         return response
 
     @app.errorhandler(InboxError)

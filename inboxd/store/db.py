@@ -371,7 +371,7 @@ class Store:
         self._write_limiter = trio.CapacityLimiter(1)
         self._pending: list[_WriteRequest] = []
         self.batches = 0  # transactions committed by write(): each holds one or more writes
-        self.offloaded_batches = 0  # batches whose writes ran in a worker thread
+        self.offloaded_batches = 0  # batches whose writes all ran in a worker thread
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
         self._signals: dict[str, CommitSignal] = {}
@@ -624,7 +624,8 @@ class Store:
 
         Why: in a worker thread, each statement hands the GIL back and forth with the busy trio
         thread, which cost more than the writes themselves and left the loop idle waiting for
-        them (BENCHMARKS.md); the fsync at COMMIT is the only part that must leave the loop."""
+        them (BENCHMARKS.md); the fsync at COMMIT must leave the loop, and so must whatever
+        comes after a write that read from the disk."""
         now = time.monotonic()
         if any(self._inline_backoff.get(r.kind, 0.0) > now for r in batch):
             return None
