@@ -41,6 +41,8 @@ def test_a_cgroup_v2_limit_and_its_parents_bound_the_memory_for_warming(tmp_path
         root, {"system.slice/memory.max": f"{4 * gib}", "system.slice/memory.current": f"{3 * gib}"}
     )
     assert warm.cgroup_headroom(root, membership) == 1 * gib  # the parent has less room
+    _files(root, {"system.slice/memory.stat": f"anon 1\ninactive_file {2 * gib}\nactive_file 5\n"})
+    assert warm.cgroup_headroom(root, membership) == 3 * gib  # the parent's cold cache is room
     _files(root, {"system.slice/inboxd.service/memory.high": f"{1 * gib}"})
     assert warm.cgroup_headroom(root, membership) == 0  # at its high mark already
 
@@ -69,6 +71,10 @@ def test_a_cgroup_v1_limit_counts_and_an_unlimited_one_does_not(tmp_path: Path) 
         },
     )
     assert warm.cgroup_headroom(root, membership) == 3 * gib // 2
+    _files(root, {"memory/a/memory.stat": f"cache 9\ntotal_inactive_file {gib // 4}\n"})
+    assert warm.cgroup_headroom(root, membership) == 7 * gib // 4
+    _files(root, {"memory/a/b/memory.limit_in_bytes": "garbage"})  # unreadable: skipped
+    assert warm.cgroup_headroom(root, membership) == 7 * gib // 4
     assert warm.cgroup_headroom(root, tmp_path / "absent") is None
 
 

@@ -72,7 +72,22 @@ CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 _V1_UNLIMITED: Final = 1 << 62
 
 
-def _room_below_limits(directory: Path, limits: tuple[str, ...], usage: str) -> int | None:
+def _reclaimable(directory: Path, stat_key: str) -> int:
+    """Page cache the cgroup holds that the kernel can drop at once (its inactive file pages):
+    counted in its usage, yet room, as MemAvailable counts it (kubelet's "working set" too)."""
+    try:
+        for line in (directory / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == stat_key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _room_below_limits(
+    directory: Path, limits: tuple[str, ...], usage: str, stat_key: str
+) -> int | None:
     """Bytes left below the lowest of the cgroup directory's limits; None without a limit."""
     found = []
     for name in limits:
@@ -84,40 +99,49 @@ def _room_below_limits(directory: Path, limits: tuple[str, ...], usage: str) -> 
             found.append(int(raw))
     if not found:
         return None
-    return max(0, min(found) - int((directory / usage).read_text()))
+    used = int((directory / usage).read_text()) - _reclaimable(directory, stat_key)
+    return max(0, min(found) - used)
 
 
 def cgroup_headroom(
     root: Path = CGROUP_ROOT, membership: Path = Path("/proc/self/cgroup")
 ) -> int | None:
     """Bytes this process's memory cgroups (its own and every one above it, v1 or v2) let it
-    still use; None where none has a limit or there are no cgroups to read."""
+    still use; None where none has a limit or there are no cgroups to read. A v1 memory
+    controller mounted together with others (not at ``memory/``) is not found: then the OS's
+    figure alone counts."""
     try:
         lines = membership.read_text().splitlines()
     except OSError:
         return None
     rooms: list[int] = []
     limits: tuple[str, ...]
-    try:
-        for line in lines:
-            hierarchy, controllers, path = line.split(":", 2)
-            if hierarchy == "0" and not controllers:  # v2; in a hybrid set-up under unified/
-                base = root if (root / "cgroup.controllers").exists() else root / "unified"
-                limits, usage = ("memory.high", "memory.max"), "memory.current"
-            elif "memory" in controllers.split(","):
-                base = root / "memory"
-                limits, usage = ("memory.limit_in_bytes",), "memory.usage_in_bytes"
-            else:
-                continue
-            directory = base / path.strip("/")
-            for level in [directory, *directory.parents]:
-                room = _room_below_limits(level, limits, usage)
-                if room is not None:
-                    rooms.append(room)
-                if level == base:
-                    break
-    except (OSError, ValueError):
-        return None
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:  # v2; in a hybrid set-up under unified/
+            base = root if (root / "cgroup.controllers").exists() else root / "unified"
+            limits, usage, stat_key = (
+                ("memory.high", "memory.max"),
+                "memory.current",
+                "inactive_file",
+            )
+        elif "memory" in controllers.split(","):
+            base = root / "memory"
+            limits, usage = ("memory.limit_in_bytes",), "memory.usage_in_bytes"
+            stat_key = "total_inactive_file"
+        else:
+            continue
+        directory = base / path.strip("/")
+        for level in [directory, *directory.parents]:
+            try:
+                room = _room_below_limits(level, limits, usage, stat_key)
+            except (OSError, ValueError):  # an unreadable level: the others still count
+                room = None
+            if room is not None:
+                rooms.append(room)
+            if level == base or level == level.parent:
+                break
     return min(rooms) if rooms else None
 
 
