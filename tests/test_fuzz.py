@@ -6,7 +6,7 @@ loop. Path parameters are real ids of the seeded store or odd text; query parame
 documented names with odd values; bodies are any JSON, or the documented fields with values of
 any JSON type. A request left unanswered for 10 s fails it as well: that is how it found
 keep-alive connections hanging after an answer given before the body (tests/test_api_errors.py).
-CI runs a fixed (derandomized) set of 500; ``INBOXD_FUZZ_EXAMPLES=N`` runs N new random ones.
+CI runs a fixed (derandomized) set of 800; ``INBOXD_FUZZ_EXAMPLES=N`` runs N new random ones.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ OPERATIONS = {
     if method in METHODS
 }
 # CI runs a fixed set; INBOXD_FUZZ_EXAMPLES=N runs N random ones (a new set each time).
-EXAMPLES = int(os.environ.get("INBOXD_FUZZ_EXAMPLES", "0")) or 500
+EXAMPLES = int(os.environ.get("INBOXD_FUZZ_EXAMPLES", "0")) or 800
 FIXED = "INBOXD_FUZZ_EXAMPLES" not in os.environ
 
 ODD_TEXT = st.one_of(
@@ -126,8 +126,13 @@ def valid(schema: Mapping[str, Any], name: str = "") -> st.SearchStrategy[Any]:
     )
 
 
-def odd_or_valid(schema: Mapping[str, Any], name: str, odd: st.SearchStrategy[Any]) -> Any:
-    return st.one_of(valid(schema, name), odd)
+def odd_or_valid(
+    schema: Mapping[str, Any], name: str, odd: st.SearchStrategy[Any]
+) -> st.SearchStrategy[Any]:
+    """Mostly allowed values (three draws in four), so that requests get past the input checks
+    often enough to exercise what lies behind them."""
+    allowed = valid(schema, name)
+    return st.one_of(allowed, allowed, allowed, odd)
 
 
 def _as_query_text(value: Any) -> str:
@@ -162,7 +167,8 @@ def _body(operation: Mapping[str, Any]) -> st.SearchStrategy[Any]:
             },
         )
 
-    return st.one_of(valid(content["schema"]), JSON, fields(content["schema"], 0))
+    allowed = valid(content["schema"])
+    return st.one_of(allowed, allowed, allowed, JSON, fields(content["schema"], 0))
 
 
 def _parameters(operation: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
@@ -199,13 +205,14 @@ async def test_no_input_makes_a_5xx_or_an_undocumented_answer(
             "url": ["https://hooks.example.com/inbox"],
         }
     )
-    keys = [seeded.owner_key, seeded.bob_key]
+    keys = [seeded.owner_key, seeded.owner_key, seeded.owner_key, seeded.bob_key]
     statuses = await trio.to_thread.run_sync(_fuzz, base_url, keys)
     answered = {op for op, seen in statuses.items() if any(200 <= s < 300 for s in seen)}
-    # Not every operation can succeed blind (an invite's token is only in its email, a
-    # redelivery needs an event the webhook saw...), but most must, or the fuzz only ever
-    # exercises the input checks.
-    assert len(answered) >= 0.75 * len(OPERATIONS), sorted(set(OPERATIONS) - answered)
+    # Not every operation can succeed blind (an invite's or unsubscribe token is only in an
+    # email, the feed is a websocket, a redelivery needs an attempt...), but most must, or the
+    # fuzz only ever exercises the input checks: 35 of 44 do in CI's set.
+    missed = sorted(set(OPERATIONS) - answered)
+    assert len(answered) >= 0.75 * len(OPERATIONS), [(op, sorted(statuses[op])) for op in missed]
 
 
 def _fuzz(base_url: str, keys: list[str]) -> dict[tuple[str, str], set[int]]:
