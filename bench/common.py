@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from inboxd.store.warm import meminfo
+
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,23 +108,12 @@ def page_cache_reclaim(admin: Path = DAMON_ADMIN, module: Path = DAMON_RECLAIM) 
     return None
 
 
-def _memory_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def machine() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "cpus": os.cpu_count(),
-        "memory_bytes": _memory_bytes(),
+        "memory_bytes": meminfo("MemTotal"),
         "platform": platform.platform(),
         "page_cache_reclaim": page_cache_reclaim(),
     }

@@ -543,9 +543,17 @@ class Store:
         conn = self._writer
         conn.wait_when_busy(BUSY_TIMEOUT_MS)  # here waiting for another process is fine
         conn.check_every(COARSE_STEPS if self._offload else FINE_STEPS)
+        self._writes_then_commit(batch, batch, begin=True)
+
+    def _writes_then_commit(
+        self, writes: list[_WriteRequest], batch: list[_WriteRequest], begin: bool = False
+    ) -> None:
+        """``writes`` (the batch's, or the rest of them) in the batch's transaction, then the
+        COMMIT; a failure of the transaction itself fails the whole batch."""
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            self._run_writes(batch)
+            if begin:
+                self._writer.execute("BEGIN IMMEDIATE")
+            self._run_writes(writes)
         except BaseException as exc:
             self._fail_batch(batch, exc)
             if not isinstance(exc, Exception):
@@ -581,16 +589,9 @@ class Store:
     def _finish_batch(self, batch: list[_WriteRequest], done: int) -> None:
         """In a worker thread: the batch's writes from ``done`` on, in the transaction the trio
         thread opened, then the COMMIT."""
-        if done < len(batch) and self._writer.in_transaction:
+        if self._writer.in_transaction:  # else the batch failed as a whole; errors are set
             self._writer.check_every(COARSE_STEPS)
-            try:
-                self._run_writes(batch[done:])
-            except BaseException as exc:
-                self._fail_batch(batch, exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-        self._commit_batch(batch)
+            self._writes_then_commit(batch[done:], batch)
 
     def _commit_batch(self, batch: list[_WriteRequest]) -> None:
         """COMMIT the open transaction (in a worker thread: this is where SQLite fsyncs)."""

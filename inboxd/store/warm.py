@@ -55,16 +55,22 @@ for path in sys.argv[1:]:
 """
 
 
-def available_memory() -> int | None:
-    """``MemAvailable`` from /proc/meminfo in bytes (None where there is no such file)."""
+def meminfo(field: str) -> int | None:
+    """A figure of /proc/meminfo in bytes (None where there is no such file or field)."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def available_memory() -> int | None:
+    """``MemAvailable``: what the OS could give without swapping, page cache it can drop
+    included."""
+    return meminfo("MemAvailable")
 
 
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
