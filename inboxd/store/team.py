@@ -43,18 +43,22 @@ class Member:
     created_at: int
 
 
-INVITE_STATUSES: Final = ("PENDING", "ACCEPTED", "REVOKED", "EXPIRED")
+PENDING: Final = "PENDING"
+ACCEPTED: Final = "ACCEPTED"
+REVOKED: Final = "REVOKED"
+EXPIRED: Final = "EXPIRED"
+INVITE_STATUSES: Final = (PENDING, ACCEPTED, REVOKED, EXPIRED)
 
 
 def _invite(row: sqlite3.Row, now: int) -> Invite:
     if row["accepted_at"] is not None:
-        status = "ACCEPTED"
+        status = ACCEPTED
     elif row["revoked_at"] is not None:
-        status = "REVOKED"
+        status = REVOKED
     elif row["expires_at"] <= now:
-        status = "EXPIRED"
+        status = EXPIRED
     else:
-        status = "PENDING"
+        status = PENDING
     return Invite(
         id=row["id"],
         email=row["email"],
@@ -148,7 +152,7 @@ def revoke_invite(conn: sqlite3.Connection, who: Principal, invite_id: str, now:
     if row is None:
         raise NotFound(f"invite {invite_id} does not exist")
     current = _invite(row, now)
-    if current.status != "PENDING":
+    if current.status != PENDING:
         raise Conflict(
             f"the invite is {current.status.lower()}, not pending", code="invite_not_pending"
         )
@@ -161,14 +165,14 @@ def revoke_invite(conn: sqlite3.Connection, who: Principal, invite_id: str, now:
         {"inviteId": current.id, "email": current.email, "actorUserId": who.user_id},
         now,
     )
-    return attrs.evolve(current, status="REVOKED")
+    return attrs.evolve(current, status=REVOKED)
 
 
 def accept_invite(conn: sqlite3.Connection, token: str, name: str, now: int) -> accounts.NewUser:
     row = conn.execute(
         "SELECT * FROM invites WHERE token_hash = ?", (ids.hash_api_key(token),)
     ).fetchone()
-    if row is None or _invite(row, now).status != "PENDING":
+    if row is None or _invite(row, now).status != PENDING:
         raise NotFound("the invitation does not exist, was used, revoked or has expired")
     invite_ = _invite(row, now)
     account_pk = int(row["account_pk"])
