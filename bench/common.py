@@ -47,6 +47,13 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def timed(fn: Any, *args: Any) -> float:
+    """Seconds ``fn(*args)`` took."""
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
