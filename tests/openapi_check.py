@@ -218,8 +218,9 @@ def _check_request(request: httpx.Request, operation: Mapping[str, Any], where: 
             values = request.headers.get_list(name)
         else:
             continue
-        if not parameter.get("required"):
-            values = [v for v in values if v != ""]  # an empty optional value is absent (README)
+        if not parameter.get("required") and name != "limit":
+            # An empty optional value is absent (README), but limit is 1..200 or a 400 (CONTRACT).
+            values = [v for v in values if v != ""]
         if not values:
             if parameter.get("required"):
                 raise Mismatch(f"{where}: accepted without the required {name}")

@@ -43,7 +43,7 @@ def json_response(
 
 def arg_limit() -> int:
     raw = request.args.get("limit")
-    if raw is None or raw == "":  # as for every optional parameter: empty is absent
+    if raw is None:  # (given empty it is a bad limit: CONTRACT section 2, "anything else")
         return DEFAULT_LIMIT
     if not _SMALL_NUMBER.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIMIT:
         raise InvalidRequest(f"limit must be a whole number from 1 to {MAX_LIMIT}")
