@@ -16,11 +16,13 @@ from typing import Final
 _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US: Final = dt.timedelta(microseconds=1)
 
-# Any ISO 8601 date-time with an explicit offset: "T" or a space, seconds optional, a fraction
-# after "." or ",", and "Z", +hh, +hhmm or +hh:mm. Python's fromisoformat truncates fractions past
-# six digits, so the fraction is split off here and read digit by digit (see cursors.py for why).
+# Any ISO 8601 date-time with an explicit offset (CONTRACT section 2), extended or basic
+# (2026-11-22T01:16:19Z, 20261122T011619Z): "T" or a space, seconds optional, a fraction after
+# "." or ",", and "Z", +hh, +hhmm or +hh:mm. Python's fromisoformat truncates fractions past six
+# digits, so the fraction is split off here and read digit by digit (see cursors.py for why).
 ISO_DATE_TIME: Final = (
-    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ](?P<hms>[0-9]{2}:[0-9]{2}(?::[0-9]{2})?)"
+    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2}|[0-9]{8})[Tt ]"
+    r"(?P<hms>[0-9]{2}:[0-9]{2}(?::[0-9]{2})?|[0-9]{4}(?:[0-9]{2})?)"
     r"(?:[.,](?P<frac>[0-9]{1,30}))?(?P<tz>[Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)$"
 )
 _ISO_RE: Final = re.compile(ISO_DATE_TIME)
@@ -80,9 +82,12 @@ def parse_iso(text: str) -> tuple[int, str]:
         tz += ":00"
     elif ":" not in tz:
         tz = tz[:3] + ":" + tz[3:]
-    hms = m["hms"] if m["hms"].count(":") == 2 else m["hms"] + ":00"
+    day = m["date"].replace("-", "")
+    clock = m["hms"].replace(":", "").ljust(6, "0")  # no seconds: :00
     try:
-        base = dt.datetime.fromisoformat(f"{m['date']}T{hms}{tz}")
+        base = dt.datetime.fromisoformat(
+            f"{day[:4]}-{day[4:6]}-{day[6:]}T{clock[:2]}:{clock[2:4]}:{clock[4:]}{tz}"
+        )
     except ValueError as exc:
         raise BadTimestamp(f"{text!r} is not a valid date-time") from exc
     micros = int((frac + "000000")[:6])

@@ -54,6 +54,8 @@ def test_rejects_what_is_not_a_date_time_with_offset(text: str) -> None:
         "2026-01-01 00:00:00+01",
         "2026-01-01t00:00:00,5+0100",
         "2026-01-01T00:00:00.1234567890123456789-05:30",
+        "20260101T000000Z",
+        "20260101T0000+0100",
     ],
 )
 def test_the_iso_forms_the_document_states_are_the_forms_accepted(text: str) -> None:
@@ -61,6 +63,11 @@ def test_the_iso_forms_the_document_states_are_the_forms_accepted(text: str) -> 
     parser's own, without its group names."""
     assert re.search(ISO_DATE_TIME_SCHEMA, text)
     assert cursors.decode(text)[0] > 0
+
+
+def test_the_basic_format_reads_as_the_extended_one() -> None:
+    assert parse_instant("20261122T011619.5+0100") == parse_instant("2026-11-22T01:16:19.5+01:00")
+    assert parse_instant("20261122T0116Z") == parse_instant("2026-11-22T01:16:00Z")
 
 
 def test_parse_instant_accepts_offsets() -> None:
