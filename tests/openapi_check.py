@@ -93,7 +93,7 @@ def validate(instance: Any, schema: Mapping[str, Any], what: str) -> None:
         raise Mismatch(f"{what} does not match the OpenAPI document:\n{details}")
 
 
-def _resolve(node: Mapping[str, Any]) -> Mapping[str, Any]:
+def resolve(node: Mapping[str, Any]) -> Mapping[str, Any]:
     """Follow a local ``$ref`` (a response, header or parameter) to what it names."""
     while "$ref" in node:
         target: Any = document()
@@ -107,7 +107,7 @@ def _documented_response(operation: Mapping[str, Any], status: int) -> Mapping[s
     responses = operation["responses"]
     for key in (str(status), f"{status // 100}XX", "default"):
         if key in responses:
-            return _resolve(responses[key])
+            return resolve(responses[key])
     return None
 
 
@@ -163,7 +163,7 @@ MEANINGFUL_HEADERS = ("Idempotent-Replayed", "Retry-After", "WWW-Authenticate")
 
 
 def _check_headers(response: httpx.Response, documented: Mapping[str, Any], where: str) -> None:
-    headers = {name: _resolve(header) for name, header in documented.get("headers", {}).items()}
+    headers = {name: resolve(header) for name, header in documented.get("headers", {}).items()}
     for name, header in headers.items():
         value = response.headers.get(name)
         if value is None:
@@ -210,7 +210,7 @@ def _parameter_value(raw: str, schema: Mapping[str, Any], where: str) -> Any:
 def _check_request(request: httpx.Request, operation: Mapping[str, Any], where: str) -> None:
     """A request the server accepted must be one the document allows: its parameters (present
     when required, each value within its schema) and its body."""
-    for parameter in map(_resolve, operation.get("parameters", [])):
+    for parameter in map(resolve, operation.get("parameters", [])):
         name, place = parameter["name"], parameter["in"]
         if place == "query":
             values = request.url.params.get_list(name)
@@ -226,7 +226,7 @@ def _check_request(request: httpx.Request, operation: Mapping[str, Any], where: 
                 raise Mismatch(f"{where}: accepted without the required {name}")
             continue
         # The server reads the first of repeated values (request.args.get); so does this.
-        raw, schema = values[0], _resolve(parameter["schema"])
+        raw, schema = values[0], resolve(parameter["schema"])
         what = f"{where} {place} {name}={raw!r}"
         validate(_parameter_value(raw, schema, what), schema, what)
     body = request.content

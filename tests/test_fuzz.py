@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from inboxd.api.openapi import document
 from tests.conftest import Seed, auth, ingest
-from tests.openapi_check import check_response
+from tests.openapi_check import check_response, resolve
 
 DOCUMENT = document()
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -74,14 +74,6 @@ JSON = st.recursive(
 )
 
 
-def _resolve(node: Mapping[str, Any]) -> Mapping[str, Any]:
-    while "$ref" in node:
-        name = node["$ref"].rsplit("/", 1)[1]
-        section = "parameters" if "/parameters/" in node["$ref"] else "schemas"
-        node = DOCUMENT["components"][section][name]
-    return node
-
-
 # Values a name must take to be more than syntactically right (real ids of the seeded store,
 # addresses that pass the checks); filled in by the test before the first example.
 REAL: dict[str, list[Any]] = {}
@@ -91,7 +83,7 @@ def valid(schema: Mapping[str, Any], name: str = "") -> st.SearchStrategy[Any]:
     """Values the schema allows (or the real ones for a name in REAL)."""
     if REAL.get(name):
         return st.sampled_from(REAL[name])
-    schema = _resolve(schema)
+    schema = resolve(schema)
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
     for combinator in ("oneOf", "anyOf"):
@@ -142,7 +134,7 @@ def _as_query_text(value: Any) -> str:
 
 
 def _property_names(schema: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    schema = _resolve(schema)
+    schema = resolve(schema)
     for variant in schema.get("oneOf", []) + schema.get("anyOf", []):
         yield from _property_names(variant)
     yield from schema.get("properties", {}).items()
@@ -172,7 +164,7 @@ def _body(operation: Mapping[str, Any]) -> st.SearchStrategy[Any]:
 
 
 def _parameters(operation: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
-    found = (_resolve(p) for p in operation.get("parameters", []))
+    found = (resolve(p) for p in operation.get("parameters", []))
     return [p for p in found if p["in"] == where]
 
 
