@@ -26,7 +26,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import WebsocketMismatch
 
 from inboxd import ids
-from inboxd.api.http import json_response
+from inboxd.api.http import json_response, read_body
 from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
@@ -180,8 +180,7 @@ async def _idempotency_claim(who: Principal) -> Response | None:
         return None
     if not IDEMPOTENCY_KEY.match(key):
         raise InvalidRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
-    body = await request.get_data(as_text=False)
-    assert isinstance(body, bytes)
+    body = await read_body()
     fingerprint = hashlib.sha256(
         b"\0".join([request.method.encode(), request.full_path.encode(), body])
     ).digest()
@@ -283,12 +282,15 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
         (the client is to open a new connection; hypercorn drops one that keeps sending at its
         read timeout).
 
+        A body the route read (``read_body``) leaves nothing to do, so the hook costs writes
+        nothing.
+
         Registered before ``log_access``: Quart runs these hooks last-registered first, so the
         access log and the latency metric see the request without this wait."""
         if response.status_code in (408, 413):  # the body is not coming, or too large
             response.headers["Connection"] = "close"
             return response
-        if not _has_body():
+        if not _has_body() or g.get("body_read", False):
             return response
         with trio.move_on_after(BODY_WAIT_SECONDS) as waited:
             try:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
 import orjson
-from quart import Response, request
+from quart import Response, g, request
 
 from inboxd import cursors
 from inboxd.errors import InvalidRequest, UnsupportedMediaType
@@ -96,9 +96,18 @@ def arg_bool(name: str) -> bool:
 # -- bodies --------------------------------------------------------------------------------------
 
 
+async def read_body() -> bytes:
+    """The request's whole body (Quart's body timeout and size limit apply), noted as read:
+    the app's finish_reading_the_body hook then has nothing left to wait for."""
+    data = await request.get_data(as_text=False)
+    assert isinstance(data, bytes)
+    g.body_read = True
+    return data
+
+
 async def json_body(*, required: bool = True) -> dict[str, Any]:
     """The request body as a JSON object. An empty body is ``{}`` where no body is required."""
-    data = await request.get_data()
+    data = await read_body()
     if not data:
         if required:
             raise InvalidRequest("the request body must be a JSON object")
