@@ -226,6 +226,10 @@ async def test_odd_limits_are_400(owner: httpx.AsyncClient, limit: str) -> None:
         b'{"channelId": NaN}',
         b'{"latitude": Infinity}',
         b"\xff\xfe",
+        b"[" * 1_100 + b"]" * 1_100,  # deeper than a parser should follow, inside the size limit
+        b"\xef\xbb\xbf{}",  # a byte order mark: RFC 8259 text has none
+        '{"channelId": "x"}'.encode("utf-16"),  # JSON exchanged between systems is UTF-8
+        b'{"latitude": 1e400}',  # no finite number
     ],
 )
 async def test_odd_json_is_400(owner: httpx.AsyncClient, raw: bytes) -> None:
