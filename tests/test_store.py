@@ -136,6 +136,72 @@ async def test_a_write_cancelled_while_waiting_never_runs(tmp_path: Path) -> Non
         store.close()
 
 
+async def test_a_write_behind_a_cancelled_one_takes_its_place_in_the_queue(tmp_path: Path) -> None:
+    """One waiting write at a time queues for the writer and the others wait behind it: when
+    that one is cancelled, one of the others must take its place (none may wait forever), and
+    the cancelled write must never run."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        release = trio.Event()
+        first = trio.CancelScope()
+        results: dict[int, int] = {}
+
+        async def write(n: int, scope: trio.CancelScope) -> None:
+            with scope:
+                results[n] = await store.write(append_event, n, False)
+
+        with trio.fail_after(10):  # (a write left waiting forever fails here)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(hold_writer, store, release)
+                nursery.start_soon(write, 1, first)  # queues for the writer
+                await trio.testing.wait_all_tasks_blocked()
+                for n in (2, 3):  # wait behind it
+                    nursery.start_soon(write, n, trio.CancelScope())
+                await trio.testing.wait_all_tasks_blocked()
+                first.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                release.set()
+        assert sorted(results) == [2, 3]
+        bodies = store.read_sync(
+            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
+        )
+        assert len(bodies) == 2 and not any(b'"n":1' in b for b in bodies)
+        assert store.batches == 1  # 2 and 3 went together, after the writer was free
+    finally:
+        store.close()
+
+
+async def test_the_writes_of_a_batch_return_together_once_it_commits(tmp_path: Path) -> None:
+    """The writes a batch carried wake together when its leader has committed and told the
+    journal's listeners: none returns before its change is durable and heard."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    heard: list[int] = []
+    store.add_journal_listener(lambda appended: heard.extend(a.seq for a in appended))
+    try:
+        release = trio.Event()
+        returned: list[tuple[int, int]] = []
+
+        async def write(n: int) -> None:
+            seq = await store.write(append_event, n, False)
+            returned.append((seq, len(heard)))
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_writer, store, release)
+            for n in range(10):
+                nursery.start_soon(write, n)
+            await trio.testing.wait_all_tasks_blocked()
+            before = store.batches
+            release.set()
+        assert store.batches - before == 1
+        # Every write returned after all ten were committed and heard.
+        assert sorted(count for _, count in returned) == [10] * 10
+        assert sorted(seq for seq, _ in returned) == sorted(heard)
+    finally:
+        store.close()
+
+
 async def test_a_failing_commit_fails_every_write_of_its_batch(tmp_path: Path) -> None:
     seed = seed_store(tmp_path / "data")
     store = Store.open(seed.data_dir)

@@ -312,6 +312,7 @@ class _WriteRequest:
     error: BaseException | None = None
     appended: list[Appended] = attrs.Factory(list)
     wakes: set[str] = attrs.Factory(set)
+    ended: trio.Event | None = None  # set once the batch that took it has committed (or failed)
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -368,8 +369,11 @@ class Store:
         self.disk_reads: Callable[[], int] = thread_disk_reads  # tests replace it
         # Used only on the trio thread, only for PRAGMA data_version.
         self._version_conn = _connect(self.path, readonly=True)
+        # Held by the leader of the batch under way (and briefly by checkpoint_forever).
         self._write_limiter = trio.CapacityLimiter(1)
-        self._pending: list[_WriteRequest] = []
+        self._pending: list[_WriteRequest] = []  # writes no batch has taken yet
+        self._next_leader = False  # a pending write is queued for the writer
+        self._leader_changed = trio.Event()  # set (and replaced) when that place frees up
         self.batches = 0  # transactions committed by write(): each holds one or more writes
         self.offloaded_batches = 0  # batches whose writes all ran in a worker thread
         self._read_limiter = trio.CapacityLimiter(readers)
@@ -496,47 +500,68 @@ class Store:
         request = _WriteRequest(fn, args, kind)
         self._pending.append(request)
         try:
-            await self._write_limiter.acquire()
+            # One waiting write at a time queues for the writer: the next batch's leader. The
+            # others wait until a leader takes them into its batch (or gives up its place).
+            while not request.taken and self._next_leader:
+                await self._leader_changed.wait()
+            if request.ended is not None:  # taken into a batch
+                await request.ended.wait()  # whose leader wakes it after the COMMIT
+                return request.outcome()  # type: ignore[no-any-return]
+            self._next_leader = True
+            try:
+                await self._write_limiter.acquire()
+            finally:
+                self._next_leader = False
+                self._leader_changed.set()
+                self._leader_changed = trio.Event()
         except trio.Cancelled:
             if not request.taken:
                 self._pending.remove(request)  # never ran, and never will
             raise
         try:
-            if not request.taken:  # else an earlier batch carried it
-                batch, self._pending = self._pending, []
-                for r in batch:
-                    r.taken = True
-                self.batches += 1
-                try:
-                    # Shielded: once a batch is taken it runs and commits (or fails) whole, even
-                    # if the leader is cancelled meanwhile (a client that went away), or the
-                    # other writes of the batch would be lost, or left inside an open
-                    # transaction that every later write fails on.
-                    with trio.CancelScope(shield=True):
-                        if not self._offload:
-                            self._run_batch(batch)
-                        elif (done := self._run_batch_inline(batch)) is None:
-                            self.offloaded_batches += 1
-                            await trio.to_thread.run_sync(self._run_batch, batch)
-                        else:
-                            # The first ``done`` changes are made; the rest (after one waited
-                            # for the disk) and the COMMIT (the fsync) leave the loop.
-                            await trio.to_thread.run_sync(self._finish_batch, batch, done)
-                except BaseException as exc:  # never expected: the batch fails, not the store
-                    self._fail_batch(batch, exc)
-                    raise
-                finally:
-                    self.commits.bump()
-                for r in batch:
-                    if r.appended:
-                        for listener in self._journal_listeners:
-                            listener(r.appended)
-                    for name in r.wakes:
-                        if (signal := self._signals.get(name)) is not None:
-                            signal.bump()
+            await self._lead()
         finally:
             self._write_limiter.release()
         return request.outcome()  # type: ignore[no-any-return]
+
+    async def _lead(self) -> None:
+        """Holding the writer: take every pending write (the leader's own among them) into one
+        batch, run and commit it, tell the journal's listeners, then wake the batch's writes."""
+        batch, self._pending = self._pending, []
+        ended = trio.Event()
+        for r in batch:
+            r.taken, r.ended = True, ended
+        self.batches += 1
+        try:
+            try:
+                # Shielded: once a batch is taken it runs and commits (or fails) whole, even if
+                # the leader is cancelled meanwhile (a client that went away), or the other
+                # writes of the batch would be lost, or left inside an open transaction that
+                # every later write fails on.
+                with trio.CancelScope(shield=True):
+                    if not self._offload:
+                        self._run_batch(batch)
+                    elif (done := self._run_batch_inline(batch)) is None:
+                        self.offloaded_batches += 1
+                        await trio.to_thread.run_sync(self._run_batch, batch)
+                    else:
+                        # The first ``done`` changes are made; the rest (after one waited for
+                        # the disk) and the COMMIT (the fsync) leave the loop.
+                        await trio.to_thread.run_sync(self._finish_batch, batch, done)
+            except BaseException as exc:  # never expected: the batch fails, not the store
+                self._fail_batch(batch, exc)
+                raise
+            finally:
+                self.commits.bump()
+            for r in batch:
+                if r.appended:
+                    for listener in self._journal_listeners:
+                        listener(r.appended)
+                for name in r.wakes:
+                    if (signal := self._signals.get(name)) is not None:
+                        signal.bump()
+        finally:
+            ended.set()  # in one go: each write of the batch returns its own outcome
 
     def _run_batch(self, batch: list[_WriteRequest]) -> None:
         """One transaction, a savepoint per write (in a worker thread, or inline on MockClock)."""
