@@ -39,6 +39,13 @@ def append_event(conn: sqlite3.Connection, n: int, fail: bool) -> int:
     return seq
 
 
+def committed_test_events(store: Store) -> list[bytes]:
+    """The bodies of the events append_event committed, in order."""
+    return store.read_sync(
+        lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
+    )
+
+
 async def test_concurrent_writes_share_transactions_and_fail_alone(tmp_path: Path) -> None:
     seed = seed_store(tmp_path / "data")
     store = Store.open(seed.data_dir)
@@ -61,9 +68,7 @@ async def test_concurrent_writes_share_transactions_and_fail_alone(tmp_path: Pat
         assert results[7] == "test"
         assert all(isinstance(results[n], int) for n in range(40) if n != 7)
         assert batches < 40  # writes that waited went together
-        stored = store.read_sync(
-            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
-        )
+        stored = committed_test_events(store)
         assert len(stored) == 39 and b'"n":7' not in b"".join(stored)
         # Listeners hear each committed write once, in commit order, and never the failed one.
         heard = [a.seq for batch in seen for a in batch]
@@ -128,9 +133,7 @@ async def test_a_write_cancelled_while_waiting_never_runs(tmp_path: Path) -> Non
                 await store.write(append_event, 1, False)
             release.set()
         await store.write(append_event, 2, False)  # the next batch must not carry write 1
-        bodies = store.read_sync(
-            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
-        )
+        bodies = committed_test_events(store)
         assert len(bodies) == 1 and b'"n":2' in bodies[0]
     finally:
         store.close()
@@ -163,9 +166,7 @@ async def test_a_write_behind_a_cancelled_one_takes_its_place_in_the_queue(tmp_p
                 await trio.testing.wait_all_tasks_blocked()
                 release.set()
         assert sorted(results) == [2, 3]
-        bodies = store.read_sync(
-            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
-        )
+        bodies = committed_test_events(store)
         assert len(bodies) == 2 and not any(b'"n":1' in b for b in bodies)
         assert store.batches == 1  # 2 and 3 went together, after the writer was free
     finally:
@@ -721,9 +722,7 @@ async def test_a_leader_cancelled_as_its_batch_starts_still_commits_the_batch(
             await trio.testing.wait_all_tasks_blocked()
             release.set()
         assert isinstance(results["follower"], int)
-        bodies = store.read_sync(
-            lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.event'")]
-        )
+        bodies = committed_test_events(store)
         assert len(bodies) == 2  # the leader's write committed too, as the store promises
         assert isinstance(await store.write(append_event, 3, False), int)
     finally:
