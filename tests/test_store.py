@@ -173,6 +173,40 @@ async def test_a_write_behind_a_cancelled_one_takes_its_place_in_the_queue(tmp_p
         store.close()
 
 
+async def test_a_write_whose_batch_committed_gets_its_result_though_cancelled_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """A write cancelled after its batch committed (here: by a journal listener, which runs
+    between the COMMIT and the batch's wake-up) still returns its result: its change is
+    durable, and the caller must not be told otherwise."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir, offload=False)  # the whole batch runs without a yield
+    follower_scope = trio.CancelScope()
+    store.add_journal_listener(lambda appended: follower_scope.cancel())
+    try:
+        release = trio.Event()
+        results: dict[str, int] = {}
+
+        async def leader() -> None:
+            results["leader"] = await store.write(append_event, 1, False)
+
+        async def follower() -> None:
+            with follower_scope:
+                results["follower"] = await store.write(append_event, 2, False)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_writer, store, release)
+            nursery.start_soon(leader)  # queues for the writer
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(follower)  # waits behind it
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert sorted(results) == ["follower", "leader"]
+        assert len(committed_test_events(store)) == 2
+    finally:
+        store.close()
+
+
 async def test_the_writes_of_a_batch_return_together_once_it_commits(tmp_path: Path) -> None:
     """The writes a batch carried wake together when its leader has committed and told the
     journal's listeners: none returns before its change is durable and heard."""

@@ -505,7 +505,8 @@ class Store:
             while not request.taken and self._next_leader:
                 await self._leader_changed.wait()
             if request.ended is not None:  # taken into a batch
-                await request.ended.wait()  # whose leader wakes it after the COMMIT
+                if not request.ended.is_set():  # (set: its result is here; no checkpoint)
+                    await request.ended.wait()  # its leader wakes it after the COMMIT
                 return request.outcome()  # type: ignore[no-any-return]
             self._next_leader = True
             try:
@@ -514,7 +515,7 @@ class Store:
                 self._next_leader = False
                 self._leader_changed.set()
                 self._leader_changed = trio.Event()
-        except trio.Cancelled:
+        except BaseException:  # cancelled (or interrupted) while waiting
             if not request.taken:
                 self._pending.remove(request)  # never ran, and never will
             raise
