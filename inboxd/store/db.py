@@ -307,12 +307,13 @@ class _WriteRequest:
     fn: Callable[..., Any]
     args: tuple[object, ...]
     kind: Callable[..., Any]  # the function the caller passed (fn may wrap it): backoff's key
-    taken: bool = False  # a batch has it (it will run, or has run)
     result: Any = None
     error: BaseException | None = None
     appended: list[Appended] = attrs.Factory(list)
     wakes: set[str] = attrs.Factory(set)
-    ended: trio.Event | None = None  # set once the batch that took it has committed (or failed)
+    # The Event of the batch that took it (it will run, or has run), set once that batch has
+    # committed or failed; None while no batch has taken it.
+    ended: trio.Event | None = None
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -502,9 +503,9 @@ class Store:
         try:
             # One waiting write at a time queues for the writer: the next batch's leader. The
             # others wait until a leader takes them into its batch (or gives up its place).
-            while not request.taken and self._next_leader:
+            while request.ended is None and self._next_leader:
                 await self._leader_changed.wait()
-            if request.ended is not None:  # taken into a batch
+            if request.ended is not None:  # a batch took it
                 if not request.ended.is_set():  # (set: its result is here; no checkpoint)
                     await request.ended.wait()  # its leader wakes it after the COMMIT
                 return request.outcome()  # type: ignore[no-any-return]
@@ -516,7 +517,7 @@ class Store:
                 self._leader_changed.set()
                 self._leader_changed = trio.Event()
         except BaseException:  # cancelled (or interrupted) while waiting
-            if not request.taken:
+            if request.ended is None:
                 self._pending.remove(request)  # never ran, and never will
             raise
         try:
@@ -531,7 +532,7 @@ class Store:
         batch, self._pending = self._pending, []
         ended = trio.Event()
         for r in batch:
-            r.taken, r.ended = True, ended
+            r.ended = ended
         self.batches += 1
         try:
             try:
