@@ -358,6 +358,39 @@ async def test_short_reads_stay_on_the_loop_and_long_ones_move_to_a_thread(
     assert (store.inline_reads, store.offloaded_reads) == (2, 2)
 
 
+def test_a_cpu_budget_interrupts_a_long_statement_and_a_short_one_never_reads_the_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the thread's CPU clock is a system call, dear under load: a budget reads it only
+    from SQLite's first check on, so short statements (most of the API's) never do."""
+    seed = seed_store(tmp_path / "data")
+    conn = db._reader(db.db_path(seed.data_dir))
+    conn.check_every(db.FINE_STEPS)
+    reads = 0
+    thread_time = db.time.thread_time
+
+    def counted() -> float:
+        nonlocal reads
+        reads += 1
+        return thread_time()
+
+    monkeypatch.setattr(db.time, "thread_time", counted)
+    try:
+        conn.budget(60.0, 0.005)
+        assert count_to(conn, 100) == 100  # well under FINE_STEPS steps
+        assert reads == 0
+        conn.budget(60.0, 0.005)  # the wall deadline is far; the CPU budget interrupts
+        with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+            count_to(conn, 50_000_000)
+        assert reads >= 2  # the first check starts the clock, a later one finds it past
+        conn.lift_deadline()
+        reads = 0
+        assert count_to(conn, 300_000) == 300_000  # no budget: checks read no clock
+        assert reads == 0
+    finally:
+        conn.close()
+
+
 class Device:
     """Stands in for the thread's count of blocks read from the storage device: the functions
     below "read the disk" by bumping it, as a page-cache miss would."""
