@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 
 import pytest
 
@@ -26,3 +28,41 @@ def test_ids_sort_by_creation_time(monkeypatch: pytest.MonkeyPatch) -> None:
     assert made == sorted(made) and len(set(made)) == 4
     # Ids made in the same microsecond differ in their random part.
     assert len({ids.new_id("evt") for _ in range(100)}) == 100
+
+
+def test_ids_made_in_one_microsecond_by_many_threads_never_repeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The random parts come from a pool of OS randomness shared by threads: each part is
+    handed out once, also across refills of the pool."""
+    monkeypatch.setattr(ids.time, "time_ns", lambda: 1_795_392_000_000_000_000)
+    made: list[list[str]] = [[] for _ in range(4)]
+
+    def make(into: list[str]) -> None:
+        for _ in range(3 * ids._POOL_IDS):
+            into.append(ids.new_id("msg"))
+
+    threads = [threading.Thread(target=make, args=(m,)) for m in made]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [i for m in made for i in m]
+    assert len(every) == 12 * ids._POOL_IDS
+    assert len(set(every)) == len(every)
+
+
+def test_a_forked_child_draws_its_own_random_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ids.time, "time_ns", lambda: 1_795_392_000_000_000_000)
+    ids.new_id("evt")  # the parent's pool holds unused random bytes now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the id it makes next, had it kept the pool, is the parent's next
+        os.write(write, ids.new_id("evt").encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 100).decode()
+    os.close(read)
+    assert re.fullmatch(r"evt_[2-7a-z]{20}", child)
+    assert child != ids.new_id("evt")
