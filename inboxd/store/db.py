@@ -686,17 +686,19 @@ class Store:
                 return None
             raise
         done = 0
+        blocks = self.disk_reads()  # then once after each write: the next one's "before"
         try:
             for r in batch:
                 conn.budget(INLINE_WALL_SECONDS, INLINE_CPU_SECONDS)
-                blocks = self.disk_reads()
                 try:
                     self._run_writes([r])
                     done += 1
                     # Done. If it read from the disk, later batches of its kind go to a
                     # thread, and so does the rest of this one (its pages may be cold too).
-                    if self._note_disk_wait(r.kind, blocks):
+                    after = self.disk_reads()
+                    if self._note_disk_wait(r.kind, blocks, after):
                         break
+                    blocks = after
                 except sqlite3.OperationalError as exc:
                     if not _interrupted(exc):
                         raise
@@ -755,11 +757,13 @@ class Store:
                 conn.lift_deadline()
                 self._readers.append(conn)
 
-    def _note_disk_wait(self, kind: Callable[..., Any], blocks_before: int) -> bool:
-        """After work on the trio thread: if it read from the device, the loop waited for the
-        disk. Send that function to worker threads for a while (they warm the pages up) and
-        say so."""
-        if self.disk_reads() == blocks_before:
+    def _note_disk_wait(
+        self, kind: Callable[..., Any], blocks_before: int, blocks_after: int | None = None
+    ) -> bool:
+        """After work on the trio thread: if it read from the device (the count of blocks read
+        moved; ``blocks_after`` None reads it now), the loop waited for the disk. Send that
+        function to worker threads for a while (they warm the pages up) and say so."""
+        if (self.disk_reads() if blocks_after is None else blocks_after) == blocks_before:
             return False
         self.loop_disk_waits += 1
         self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
