@@ -1,9 +1,16 @@
-"""store/warm.py: reading the store into the OS page cache at start-up, when it fits."""
+"""store/warm.py: reading the store into the OS page cache at start-up, when it fits, and
+keeping it there (a child holds it mapped)."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import trio
 
 from inboxd.store import warm
 from inboxd.store.db import thread_disk_reads
@@ -102,7 +109,21 @@ def _disk_reads_reading(db: Path) -> int:
     return thread_disk_reads() - before
 
 
-async def test_warming_brings_a_cold_store_into_the_page_cache(tmp_path: Path) -> None:
+def mapped_ranges(pid: int, path: Path) -> list[tuple[int, int]]:
+    """The byte ranges of ``path`` that process ``pid`` maps (from /proc/PID/maps)."""
+    ranges = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            offset = int(fields[2], 16)
+            ranges.append((offset, offset + end - start))
+    return sorted(ranges)
+
+
+async def test_warming_brings_a_cold_store_into_the_page_cache_and_keeps_it_mapped(
+    tmp_path: Path,
+) -> None:
     # The control: a cold store that is not warmed is read from the device (so this filesystem
     # counts such reads, and the assertion below can fail).
     control = tmp_path / "control" / "inboxd.db"
@@ -111,5 +132,42 @@ async def test_warming_brings_a_cold_store_into_the_page_cache(tmp_path: Path) -
     assert _disk_reads_reading(control) > 0
     db = tmp_path / "inboxd.db"
     cold_store(db)
-    await warm.warm(db)
-    assert _disk_reads_reading(db) == 0  # all from memory
+    async with trio.open_nursery() as nursery:
+        keeper = await nursery.start(warm.warm, db)
+        assert keeper is not None
+        assert _disk_reads_reading(db) == 0  # all from memory
+        # The keeper holds the whole database file mapped while the daemon runs.
+        assert mapped_ranges(keeper, db) == [(0, 24 << 20)]
+        nursery.cancel_scope.cancel()  # the daemon stopping
+    assert not await trio.Path(f"/proc/{keeper}").exists()  # gone (and reaped) once it has stopped
+
+
+def test_the_keeper_maps_what_the_file_grows_by_and_exits_when_the_daemon_goes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "inboxd.db"
+    db.write_bytes(os.urandom(3 << 20))
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert keeper.stdout is not None and keeper.stdout.readline() == b"warm\n"
+        assert mapped_ranges(keeper.pid, db) == [(0, 3 << 20)]
+        with db.open("ab") as fh:  # the store grows by 2 MB and a bit
+            fh.write(os.urandom((2 << 20) + 4096))
+        deadline = time.monotonic() + 10
+        while mapped_ranges(keeper.pid, db)[-1][1] < (5 << 20) + 4096:
+            assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
+            time.sleep(0.02)
+        covered = mapped_ranges(keeper.pid, db)
+        assert covered[0][0] == 0 and covered[-1][1] == (5 << 20) + 4096
+        assert all(a[1] >= b[0] for a, b in itertools.pairwise(covered))  # no gap
+        # The daemon's end of the pipe closes (it stopped, or was killed): the keeper exits.
+        assert keeper.stdin is not None
+        keeper.stdin.close()
+        assert keeper.wait(timeout=10) == 0
+    finally:
+        keeper.kill()
+        keeper.wait()

@@ -15,6 +15,15 @@ process (the CLI) could then take the store for its own and, say, remove a WAL t
 writes to (SQLite's "How To Corrupt" section 2.2). A test that revokes a key with the CLI while
 the daemon runs caught exactly that with an in-process first version.
 
+The child then stays, holding the database file mapped (read-only, ``MAP_POPULATE``: mapping it
+is what reads it in) until the daemon stops, and maps what the file grows by every
+``REMAP_SECONDS``. A page that some process maps is in use, not idle cache: some virtual
+machines page out file pages that no process maps and nobody touched for a minute (a DAMON
+``pageout`` scheme, this one's too), which left the store cold a minute after the load moved on,
+and requests waiting for the disk (BENCHMARKS.md, The machine). Mapped pages are still ordinary
+page cache: the kernel reclaims them under memory pressure like any other. The WAL is read
+through, not kept: it is written all the time.
+
 Only when the store takes at most ``MAX_SHARE_OF_AVAILABLE`` of the memory the OS reports
 available, so that warming never pushes out what the machine needs more. In a container or a
 systemd unit with ``MemoryMax=``/``MemoryHigh=``, the page cache the reader fills is charged to
@@ -26,7 +35,9 @@ below the cgroup's limits (and its parents'): v2 ``memory.high``/``memory.max`` 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
+import select
 import subprocess
 import sys
 import time
@@ -39,6 +50,8 @@ import trio
 log = logging.getLogger("inboxd.store")
 
 MAX_SHARE_OF_AVAILABLE: Final = 0.5
+# How often the keeper maps what the database file has grown by since.
+REMAP_SECONDS: Final = 60.0
 
 
 def read_through(paths: Iterable[str | Path]) -> None:
@@ -63,10 +76,61 @@ def read_through(paths: Iterable[str | Path]) -> None:
         os.close(null)
 
 
+def keep(db: Path, wal: Path | None = None, every: float = REMAP_SECONDS) -> None:
+    """The keeper child's work: read the WAL through, map the database file read-only (which
+    reads it in), say ``warm`` on stdout, then hold the mappings until stdin closes (the daemon
+    stopped, or died), mapping what the file grew by every ``every`` seconds. It opens and
+    closes the files: never call it in the daemon's own process (see above)."""
+    if wal is not None:
+        read_through([wal])
+    maps: list[mmap.mmap] = []
+    mapped = 0
+
+    def map_to_end() -> None:
+        nonlocal mapped
+        try:
+            size = db.stat().st_size
+        except FileNotFoundError:
+            return
+        if size < mapped:  # the file shrank (a VACUUM): start again
+            for m in maps:
+                m.close()
+            maps.clear()
+            mapped = 0
+        start = mapped - mapped % mmap.ALLOCATIONGRANULARITY
+        if size <= start:
+            return
+        fd = os.open(db, os.O_RDONLY)
+        try:
+            maps.append(
+                mmap.mmap(
+                    fd,
+                    size - start,
+                    flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                    prot=mmap.PROT_READ,
+                    offset=start,
+                )
+            )
+        finally:
+            os.close(fd)
+        mapped = size
+
+    map_to_end()
+    sys.stdout.write("warm\n")
+    sys.stdout.flush()
+    stdin = sys.stdin.fileno()
+    while True:
+        readable, _, _ = select.select([stdin], [], [], every)
+        if readable and not os.read(stdin, 4096):
+            return  # the daemon closed its end (or died)
+        map_to_end()
+
+
 # The child's program. Not niced: inboxd.service filters out setpriority (@resources), and with
 # so little CPU to spend there is nothing to yield.
-_READER: Final = (
-    "import sys; from inboxd.store.warm import read_through; read_through(sys.argv[1:])"
+_KEEPER: Final = (
+    "import sys; from pathlib import Path; from inboxd.store.warm import keep;"
+    " keep(Path(sys.argv[1]), Path(sys.argv[2]) if sys.argv[2] else None, float(sys.argv[3]))"
 )
 
 
@@ -181,34 +245,66 @@ def worth_warming(size: int, available: int | None) -> bool:
     return available is not None and size <= available * MAX_SHARE_OF_AVAILABLE
 
 
-async def warm(db: Path) -> None:
-    """Have the store's files read into the page cache, if they fit (see above). Cancelled
-    (the daemon stopping), the reader is killed."""
+async def warm(
+    db: Path,
+    every: float = REMAP_SECONDS,
+    *,
+    task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Have the store's files read into the page cache and kept there, if they fit (see
+    above): started once they are in (with the keeper's pid; None when it is not kept), then
+    holds them until cancelled (the daemon stopping), when the keeper is stopped."""
     try:
         files = files_of(db)
         size = sum(p.stat().st_size for p in files)
     except OSError as exc:  # a WAL checkpointed away between the two looks, say
         log.warning("could not warm the page cache", extra={"error": str(exc)})
+        task_status.started(None)
         return
     available = memory_for_warming()
-    if not worth_warming(size, available):
+    if not worth_warming(size, available) or db not in files:
         log.info(
             "not warming the page cache: the store is too large for the memory available",
             extra={"store_bytes": size, "available_bytes": available},
         )
+        task_status.started(None)
         return
+    wal = Path(f"{db}-wal")
     started = time.monotonic()
     try:
-        await trio.run_process(
-            [sys.executable, "-c", _READER, *map(str, files)],
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
+        keeper = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _KEEPER, str(db), str(wal) if wal in files else "", str(every)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
-    except (OSError, subprocess.CalledProcessError) as exc:  # a cold cache is not an error
+    except OSError as exc:  # a cold cache is not an error
         log.warning("could not warm the page cache", extra={"error": str(exc)})
+        task_status.started(None)
         return
-    log.info(
-        "read the store into the page cache",
-        extra={"store_bytes": size, "seconds": round(time.monotonic() - started, 2)},
-    )
+    assert keeper.stdin is not None and keeper.stdout is not None
+    try:
+        said = b""
+        while not said.endswith(b"\n") and (chunk := await keeper.stdout.receive_some()):
+            said += chunk
+        if said != b"warm\n":
+            log.warning(
+                "could not warm the page cache",
+                extra={"error": f"the keeper stopped (exit status {await keeper.wait()})"},
+            )
+            task_status.started(None)
+            return
+        log.info(
+            "read the store into the page cache; keeping it there",
+            extra={"store_bytes": size, "seconds": round(time.monotonic() - started, 2)},
+        )
+        task_status.started(keeper.pid)
+        await keeper.wait()  # until the daemon stops (it never ends on its own)
+    finally:
+        with trio.CancelScope(shield=True):
+            await keeper.stdin.aclose()  # the keeper's cue to let go and exit
+            with trio.move_on_after(5):
+                await keeper.wait()
+            if keeper.returncode is None:
+                keeper.kill()
+                await keeper.wait()
