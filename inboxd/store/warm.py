@@ -50,8 +50,10 @@ import trio
 log = logging.getLogger("inboxd.store")
 
 MAX_SHARE_OF_AVAILABLE: Final = 0.5
-# How often the keeper maps what the database file has grown by since.
+# How often the keeper maps what the database file has grown by since; past this many mappings
+# it maps the whole file again in one (a process may hold only so many, vm.max_map_count).
 REMAP_SECONDS: Final = 60.0
+MAX_MAPS: Final = 32
 
 
 def read_through(paths: Iterable[str | Path]) -> None:
@@ -76,11 +78,14 @@ def read_through(paths: Iterable[str | Path]) -> None:
         os.close(null)
 
 
-def keep(db: Path, wal: Path | None = None, every: float = REMAP_SECONDS) -> None:
+def keep(
+    db: Path, wal: Path | None = None, every: float = REMAP_SECONDS, max_maps: int = MAX_MAPS
+) -> None:
     """The keeper child's work: read the WAL through, map the database file read-only (which
     reads it in), say ``warm`` on stdout, then hold the mappings until stdin closes (the daemon
-    stopped, or died), mapping what the file grew by every ``every`` seconds. It opens and
-    closes the files: never call it in the daemon's own process (see above)."""
+    stopped, or died), mapping what the file grew by every ``every`` seconds (past ``max_maps``
+    mappings, the whole file again in one). It opens and closes the files: never call it in the
+    daemon's own process (see above)."""
     if wal is not None:
         read_through([wal])
     maps: list[mmap.mmap] = []
@@ -92,27 +97,28 @@ def keep(db: Path, wal: Path | None = None, every: float = REMAP_SECONDS) -> Non
             size = db.stat().st_size
         except FileNotFoundError:
             return
-        if size < mapped:  # the file shrank (a VACUUM): start again
-            for m in maps:
-                m.close()
-            maps.clear()
-            mapped = 0
-        start = mapped - mapped % mmap.ALLOCATIONGRANULARITY
-        if size <= start:
+        if size == mapped:
             return
+        # Grown: map the new part. Shrunk (a VACUUM), or too many mappings: the whole file,
+        # before letting the old mappings go (their pages stay mapped meanwhile).
+        whole = size < mapped or len(maps) >= max_maps
+        start = 0 if whole else mapped - mapped % mmap.ALLOCATIONGRANULARITY
         fd = os.open(db, os.O_RDONLY)
         try:
-            maps.append(
-                mmap.mmap(
-                    fd,
-                    size - start,
-                    flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                    prot=mmap.PROT_READ,
-                    offset=start,
-                )
+            new = mmap.mmap(
+                fd,
+                size - start,
+                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                prot=mmap.PROT_READ,
+                offset=start,
             )
         finally:
             os.close(fd)
+        if whole:
+            for m in maps:
+                m.close()
+            maps.clear()
+        maps.append(new)
         mapped = size
 
     map_to_end()
@@ -130,7 +136,8 @@ def keep(db: Path, wal: Path | None = None, every: float = REMAP_SECONDS) -> Non
 # so little CPU to spend there is nothing to yield.
 _KEEPER: Final = (
     "import sys; from pathlib import Path; from inboxd.store.warm import keep;"
-    " keep(Path(sys.argv[1]), Path(sys.argv[2]) if sys.argv[2] else None, float(sys.argv[3]))"
+    " keep(Path(sys.argv[1]), Path(sys.argv[2]) if sys.argv[2] else None, float(sys.argv[3]),"
+    " int(sys.argv[4]))"
 )
 
 
@@ -273,7 +280,10 @@ async def warm(
     started = time.monotonic()
     try:
         keeper = await trio.lowlevel.open_process(
-            [sys.executable, "-c", _KEEPER, str(db), str(wal) if wal in files else "", str(every)],
+            [
+                *(sys.executable, "-c", _KEEPER, str(db)),
+                *(str(wal) if wal in files else "", str(every), str(MAX_MAPS)),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
