@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from inboxd.store import warm
@@ -137,7 +138,10 @@ async def test_warming_brings_a_cold_store_into_the_page_cache_and_keeps_it_mapp
         assert _disk_reads_reading(db) == 0  # all from memory
         # The keeper holds the whole database file mapped while the daemon runs.
         assert mapped_ranges(keeper, db) == [(0, 24 << 20)]
+        stopping = time.monotonic()
         nursery.cancel_scope.cancel()  # the daemon stopping
+    # The keeper let go when its stdin closed, well before the 5 s after which it is killed.
+    assert time.monotonic() - stopping < 2
     assert not await trio.Path(f"/proc/{keeper}").exists()  # gone (and reaped) once it has stopped
 
 
@@ -177,6 +181,50 @@ def test_the_keeper_maps_what_the_file_grows_by_and_exits_when_the_daemon_goes(
             assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
             time.sleep(0.02)
         # The daemon's end of the pipe closes (it stopped, or was killed): the keeper exits.
+        assert keeper.stdin is not None
+        keeper.stdin.close()
+        assert keeper.wait(timeout=10) == 0
+    finally:
+        keeper.kill()
+        keeper.wait()
+
+
+async def test_a_daemon_stopping_during_the_warm_up_kills_the_keeper_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the keeper maps the store in (seconds for a large one) it does not read its
+    stdin; a daemon stopping then must not wait for it."""
+    db = tmp_path / "inboxd.db"
+    db.write_bytes(b"\0" * 4096)
+    # A keeper that takes its time before saying it is warm, as a 6 GB store's would.
+    monkeypatch.setattr(warm, "_KEEPER", "import time; time.sleep(30)")
+    started = time.monotonic()
+    with trio.move_on_after(0.5):  # the daemon stops half a second in
+        await warm.warm(db)
+    assert time.monotonic() - started < 2.5  # not the 5 s a warm keeper is given
+
+
+def test_a_keeper_survives_its_file_shrinking_and_going(tmp_path: Path) -> None:
+    """Whatever happens to the file between two looks, the keeper keeps going (and maps the
+    file again once it is back)."""
+    db = tmp_path / "inboxd.db"
+    db.write_bytes(os.urandom(1 << 20))
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", "32"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert keeper.stdout is not None and keeper.stdout.readline() == b"warm\n"
+        db.unlink()
+        time.sleep(0.3)  # a few of its looks find no file
+        assert keeper.poll() is None
+        db.write_bytes(os.urandom(2 << 20))  # a new file at the same path
+        deadline = time.monotonic() + 10
+        while mapped_ranges(keeper.pid, db) != [(0, 2 << 20)]:
+            assert keeper.poll() is None
+            assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
+            time.sleep(0.02)
         assert keeper.stdin is not None
         keeper.stdin.close()
         assert keeper.wait(timeout=10) == 0

@@ -21,7 +21,8 @@ is what reads it in) until the daemon stops, and maps what the file grows by eve
 machines page out file pages that no process maps and nobody touched for a minute (a DAMON
 ``pageout`` scheme, this one's too), which left the store cold a minute after the load moved on,
 and requests waiting for the disk (BENCHMARKS.md, The machine). Mapped pages are still ordinary
-page cache: the kernel reclaims them under memory pressure like any other. The WAL is read
+page cache: the kernel reclaims them under memory pressure like any other (and a store that
+grows past the memory rule below while kept stays mapped, for that reason). The WAL is read
 through, not kept: it is written all the time.
 
 Only when the store takes at most ``MAX_SHARE_OF_AVAILABLE`` of the memory the OS reports
@@ -90,21 +91,25 @@ def keep(
         read_through([wal])
     maps: list[mmap.mmap] = []
     mapped = 0
+    mapped_file = (0, 0)  # (st_dev, st_ino) of the file the mappings are of
 
     def map_to_end() -> None:
-        nonlocal mapped
+        """Map what is not mapped yet; on any failure (the file gone, or shrunk between two
+        looks), leave things as they are and try again next time."""
+        nonlocal mapped, mapped_file
         try:
-            size = db.stat().st_size
-        except FileNotFoundError:
+            fd = os.open(db, os.O_RDONLY)
+        except OSError:
             return
-        if size == mapped:
-            return
-        # Grown: map the new part. Shrunk (a VACUUM), or too many mappings: the whole file,
-        # before letting the old mappings go (their pages stay mapped meanwhile).
-        whole = size < mapped or len(maps) >= max_maps
-        start = 0 if whole else mapped - mapped % mmap.ALLOCATIONGRANULARITY
-        fd = os.open(db, os.O_RDONLY)
         try:
+            st = os.fstat(fd)
+            size, file = st.st_size, (st.st_dev, st.st_ino)
+            if size == mapped and file == mapped_file:
+                return
+            # Grown: map the new part. Shrunk (a VACUUM), another file at the path (a restore),
+            # or too many mappings: the whole file, before letting the old mappings go.
+            whole = size < mapped or file != mapped_file or len(maps) >= max_maps
+            start = 0 if whole else mapped - mapped % mmap.ALLOCATIONGRANULARITY
             new = mmap.mmap(
                 fd,
                 size - start,
@@ -112,6 +117,8 @@ def keep(
                 prot=mmap.PROT_READ,
                 offset=start,
             )
+        except (OSError, ValueError):  # ValueError: it shrank since fstat
+            return
         finally:
             os.close(fd)
         if whole:
@@ -119,8 +126,16 @@ def keep(
                 m.close()
             maps.clear()
         maps.append(new)
-        mapped = size
+        mapped, mapped_file = size, file
 
+    # If memory runs out, the kernel reclaims these clean pages first; should it still have to
+    # kill a process, let it be this one rather than the daemon (inboxd.service has
+    # OOMPolicy=continue, so that does not stop the service).
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
     map_to_end()
     sys.stdout.write("warm\n")
     sys.stdout.flush()
@@ -293,6 +308,7 @@ async def warm(
         task_status.started(None)
         return
     assert keeper.stdin is not None and keeper.stdout is not None
+    warmed = False
     try:
         said = b""
         while not said.endswith(b"\n") and (chunk := await keeper.stdout.receive_some()):
@@ -304,17 +320,25 @@ async def warm(
             )
             task_status.started(None)
             return
+        warmed = True
         log.info(
             "read the store into the page cache; keeping it there",
             extra={"store_bytes": size, "seconds": round(time.monotonic() - started, 2)},
         )
         task_status.started(keeper.pid)
-        await keeper.wait()  # until the daemon stops (it never ends on its own)
+        status = await keeper.wait()  # until the daemon stops: it never ends on its own
+        log.warning(
+            "the store is no longer kept in the page cache",
+            extra={"error": f"the keeper stopped (exit status {status})"},
+        )
     finally:
         with trio.CancelScope(shield=True):
-            await keeper.stdin.aclose()  # the keeper's cue to let go and exit
-            with trio.move_on_after(5):
-                await keeper.wait()
+            if warmed:  # it waits for its stdin to close; while mapping, it does not look
+                await keeper.stdin.aclose()
+                with trio.move_on_after(5):
+                    await keeper.wait()
             if keeper.returncode is None:
                 keeper.kill()
                 await keeper.wait()
+            await keeper.stdin.aclose()
+            await keeper.stdout.aclose()
