@@ -387,6 +387,13 @@ def test_a_cpu_budget_interrupts_a_long_statement_and_a_short_one_never_reads_th
         reads = 0
         assert count_to(conn, 300_000) == 300_000  # no budget: checks read no clock
         assert reads == 0
+        # The time before the first check counts too (at its wall time): a budget spent in
+        # Python before SQLite ever checked ends at that check, no looser than before.
+        conn.budget(60.0, 0.005)
+        db.time.sleep(0.01)
+        with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+            count_to(conn, 50_000_000)
+        assert reads == 0
     finally:
         conn.close()
 

@@ -110,15 +110,16 @@ class BudgetedConnection(sqlite3.Connection):
     The CPU clock is first read at SQLite's first check (``check_every`` steps into a
     statement), not when the budget is set: reading a thread's CPU clock is a system call,
     and under load py-spy found that one read per write held the trio thread for 4-8 % of a
-    write's time, while most reads and writes finish before SQLite ever checks. So the CPU
-    budget counts from the first check (about 0.1 ms of SQLite's work on the trio thread); the
-    wall deadline counts from the start, as before."""
+    write's time, while most reads and writes finish before SQLite ever checks. What went by
+    before that first check is counted at its wall time (at least the CPU time it took), so
+    the budget is never looser than one counted from the start."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.deadline = float("inf")
         self.cpu_seconds = float("inf")  # the CPU budget; inf: none
         self.cpu_deadline: float | None = None  # set at the first check under a CPU budget
+        self.budget_set_at = 0.0  # time.monotonic() when the budget was set
         self.check_every(COARSE_STEPS)
 
     def check_every(self, steps: int) -> None:
@@ -130,19 +131,24 @@ class BudgetedConnection(sqlite3.Connection):
         self.set_progress_handler(self._past_deadline, steps)
 
     def budget(self, wall_seconds: float, cpu_seconds: float = float("inf")) -> None:
-        """From now on, interrupt past ``wall_seconds`` of wall time or (counted from SQLite's
-        first check) ``cpu_seconds`` of this thread's CPU time."""
-        self.deadline = time.monotonic() + wall_seconds
+        """From now on, interrupt past ``wall_seconds`` of wall time or ``cpu_seconds`` of this
+        thread's CPU time (the time before SQLite's first check counted at its wall time)."""
+        self.budget_set_at = time.monotonic()
+        self.deadline = self.budget_set_at + wall_seconds
         self.cpu_seconds = cpu_seconds
         self.cpu_deadline = None
 
     def _past_deadline(self) -> int:
-        if time.monotonic() > self.deadline:
+        now = time.monotonic()
+        if now > self.deadline:
             return 1
         if self.cpu_seconds == float("inf"):
             return 0
-        if self.cpu_deadline is None:
-            self.cpu_deadline = time.thread_time() + self.cpu_seconds
+        if self.cpu_deadline is None:  # the first check: what is left, counted from here
+            left = self.cpu_seconds - (now - self.budget_set_at)
+            if left <= 0:
+                return 1
+            self.cpu_deadline = time.thread_time() + left
             return 0
         return 1 if time.thread_time() > self.cpu_deadline else 0
 
