@@ -3,10 +3,12 @@ keeping it there (a child holds it mapped)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,18 +147,42 @@ async def test_warming_brings_a_cold_store_into_the_page_cache_and_keeps_it_mapp
     assert not await trio.Path(f"/proc/{keeper}").exists()  # gone (and reaped) once it has stopped
 
 
-def test_the_keeper_maps_what_the_file_grows_by_and_exits_when_the_daemon_goes(
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "inboxd.db"
-    db.write_bytes(os.urandom(3 << 20))
+@contextlib.contextmanager
+def running_keeper(db: Path, max_maps: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A keeper of ``db`` looking every 0.05 s, once it has said it is warm; on the way out,
+    its stdin is closed (as when the daemon goes) and it must exit by itself."""
     keeper = subprocess.Popen(
-        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", "2"],  # at most 2 mappings
+        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", str(max_maps)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
     try:
         assert keeper.stdout is not None and keeper.stdout.readline() == b"warm\n"
+        yield keeper
+        assert keeper.stdin is not None
+        keeper.stdin.close()
+        assert keeper.wait(timeout=10) == 0
+    finally:
+        keeper.kill()
+        keeper.wait()
+
+
+def wait_until_mapped(
+    keeper: subprocess.Popen[bytes], db: Path, ranges: list[tuple[int, int]]
+) -> None:
+    deadline = time.monotonic() + 10
+    while mapped_ranges(keeper.pid, db) != ranges:
+        assert keeper.poll() is None, "the keeper ended"
+        assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
+        time.sleep(0.02)
+
+
+def test_the_keeper_maps_what_the_file_grows_by_and_exits_when_the_daemon_goes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "inboxd.db"
+    db.write_bytes(os.urandom(3 << 20))
+    with running_keeper(db, max_maps=2) as keeper:
         assert mapped_ranges(keeper.pid, db) == [(0, 3 << 20)]
         with db.open("ab") as fh:  # the store grows by 2 MB and a bit
             fh.write(os.urandom((2 << 20) + 4096))
@@ -170,23 +196,10 @@ def test_the_keeper_maps_what_the_file_grows_by_and_exits_when_the_daemon_goes(
         # It grows again: two mappings are the most, so the whole file is mapped in one.
         with db.open("ab") as fh:
             fh.write(os.urandom(1 << 20))
-        deadline = time.monotonic() + 10
-        while mapped_ranges(keeper.pid, db) != [(0, (6 << 20) + 4096)]:
-            assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
-            time.sleep(0.02)
+        wait_until_mapped(keeper, db, [(0, (6 << 20) + 4096)])
         # A VACUUM shrinks it: mapped again from the start, as it now is.
         os.truncate(db, 4 << 20)
-        deadline = time.monotonic() + 10
-        while mapped_ranges(keeper.pid, db) != [(0, 4 << 20)]:
-            assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
-            time.sleep(0.02)
-        # The daemon's end of the pipe closes (it stopped, or was killed): the keeper exits.
-        assert keeper.stdin is not None
-        keeper.stdin.close()
-        assert keeper.wait(timeout=10) == 0
-    finally:
-        keeper.kill()
-        keeper.wait()
+        wait_until_mapped(keeper, db, [(0, 4 << 20)])
 
 
 async def test_a_daemon_stopping_during_the_warm_up_kills_the_keeper_at_once(
@@ -209,25 +222,9 @@ def test_a_keeper_survives_its_file_shrinking_and_going(tmp_path: Path) -> None:
     file again once it is back)."""
     db = tmp_path / "inboxd.db"
     db.write_bytes(os.urandom(1 << 20))
-    keeper = subprocess.Popen(
-        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", "32"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert keeper.stdout is not None and keeper.stdout.readline() == b"warm\n"
+    with running_keeper(db, max_maps=32) as keeper:
         db.unlink()
         time.sleep(0.3)  # a few of its looks find no file
         assert keeper.poll() is None
         db.write_bytes(os.urandom(2 << 20))  # a new file at the same path
-        deadline = time.monotonic() + 10
-        while mapped_ranges(keeper.pid, db) != [(0, 2 << 20)]:
-            assert keeper.poll() is None
-            assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
-            time.sleep(0.02)
-        assert keeper.stdin is not None
-        keeper.stdin.close()
-        assert keeper.wait(timeout=10) == 0
-    finally:
-        keeper.kill()
-        keeper.wait()
+        wait_until_mapped(keeper, db, [(0, 2 << 20)])
