@@ -268,10 +268,7 @@ def worth_warming(size: int, available: int | None) -> bool:
 
 
 async def warm(
-    db: Path,
-    every: float = REMAP_SECONDS,
-    *,
-    task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED,
+    db: Path, *, task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Have the store's files read into the page cache and kept there, if they fit (see
     above): started once they are in (with the keeper's pid; None when it is not kept), then
@@ -283,8 +280,11 @@ async def warm(
         log.warning("could not warm the page cache", extra={"error": str(exc)})
         task_status.started(None)
         return
+    if db not in files:  # nothing to keep (the WAL alone is not worth a child)
+        task_status.started(None)
+        return
     available = memory_for_warming()
-    if not worth_warming(size, available) or db not in files:
+    if not worth_warming(size, available):
         log.info(
             "not warming the page cache: the store is too large for the memory available",
             extra={"store_bytes": size, "available_bytes": available},
@@ -297,7 +297,7 @@ async def warm(
         keeper = await trio.lowlevel.open_process(
             [
                 *(sys.executable, "-c", _KEEPER, str(db)),
-                *(str(wal) if wal in files else "", str(every), str(MAX_MAPS)),
+                *(str(wal) if wal in files else "", str(REMAP_SECONDS), str(MAX_MAPS)),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
