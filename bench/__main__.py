@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import ab, cold, delivery, delivery_ab, feed, generate, http, supervisors
+from bench import ab, cold, delivery, delivery_ab, feed, generate, http, idle, supervisors
 
 BENCHMARKS = {
     "ab": ab,
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "feed": feed,
     "generate": generate,
     "http": http,
+    "idle": idle,
     "supervisors": supervisors,
 }
 
