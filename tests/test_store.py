@@ -3,8 +3,11 @@ atomic on its own, fails on its own and is acknowledged only once durable."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,6 +276,43 @@ async def test_a_failing_commit_fails_every_write_of_its_batch(tmp_path: Path) -
         )
         assert count == 0
     finally:
+        store.close()
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["wal-index", "pragma"])
+def test_the_commit_stamp_moves_with_every_commit_of_any_connection(
+    tmp_path: Path, mapped: bool
+) -> None:
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    other = Store.open(seed.data_dir, readers=1)
+    try:
+        if mapped:
+            assert store._wal_index is not None  # Linux keeps the index in the -shm file
+        else:
+            store._wal_index.close()  # type: ignore[union-attr]
+            store._wal_index = None  # as where the index cannot be mapped
+        stamps = [store.commit_stamp()]
+        assert store.commit_stamp() == stamps[-1]  # no commit, same stamp
+        store.read_sync(lambda c: c.execute("SELECT count(*) FROM events").fetchone())
+        assert store.commit_stamp() == stamps[-1]  # nor after a read
+        other.write_sync(append_event, 1, False)  # another connection
+        stamps.append(store.commit_stamp())
+        store.write_sync(append_event, 2, False)  # the store's own writer
+        stamps.append(store.commit_stamp())
+        # The WAL emptied by a checkpoint, then restarted by the next commit (new salts).
+        other.write_sync(append_event, 3, False)
+        other._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        stamps.append(store.commit_stamp())
+        other.write_sync(append_event, 4, False)
+        stamps.append(store.commit_stamp())
+        # Another process, as the CLI would be.
+        probe = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('CREATE TABLE p (x)'); c.commit()"
+        subprocess.run([sys.executable, "-c", probe, str(db.db_path(seed.data_dir))], check=True)
+        stamps.append(store.commit_stamp())
+        assert all(a != b for a, b in itertools.pairwise(stamps)), stamps
+    finally:
+        other.close()
         store.close()
 
 

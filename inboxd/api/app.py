@@ -86,7 +86,7 @@ class KeyCache:
     """API key -> Principal, so that most requests make one trip to the store instead of two.
 
     Entries are trusted while nothing that principals are made of has changed: on each lookup
-    the store's ``data_version`` (from shared memory, no query) says whether any connection has
+    the store's ``commit_stamp`` (from shared memory, no query) says whether any connection has
     committed since the last look (our own writer, or the CLI revoking a key from another
     process); only then is the ``auth_epoch`` counter read, which triggers move whenever a key,
     a user's role or membership, or channel access changes. So revocation takes effect on the
@@ -97,18 +97,18 @@ class KeyCache:
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._version = -1
+        self._stamp: object = None
         self._epoch = -1
         self._entries: dict[bytes, Principal] = {}
 
     async def _current_epoch(self) -> int:
-        version = self._store.data_version()
-        if version != self._version:
+        stamp = self._store.commit_stamp()
+        if stamp != self._stamp:
             epoch = await self._store.read(accounts.auth_epoch)
             if epoch != self._epoch:
                 self._entries.clear()
                 self._epoch = epoch
-            self._version = version
+            self._stamp = stamp
         return self._epoch
 
     async def lookup(self, token: str) -> Principal | None:
