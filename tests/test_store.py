@@ -439,14 +439,19 @@ def test_a_cpu_budget_interrupts_a_long_statement_and_a_short_one_never_reads_th
 
 
 class Device:
-    """Stands in for the thread's count of blocks read from the storage device: the functions
-    below "read the disk" by bumping it, as a page-cache miss would."""
+    """Stands in for the calling thread's count of blocks read from the storage device (like
+    getrusage's RUSAGE_THREAD, each thread has its own): the functions below "read the disk"
+    by bumping it, as a page-cache miss would."""
 
     def __init__(self) -> None:
-        self.blocks = 0
+        self.blocks: dict[int, int] = {}
+
+    def bump(self, blocks: int) -> None:
+        me = threading.get_ident()
+        self.blocks[me] = self.blocks.get(me, 0) + blocks
 
     def read(self) -> int:
-        return self.blocks
+        return self.blocks.get(threading.get_ident(), 0)
 
 
 @pytest.fixture
@@ -466,7 +471,7 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
 
     def cold_read(conn: sqlite3.Connection) -> int:
         ran_on.append(threading.get_ident())
-        device.blocks += 8  # its pages were not in the page cache
+        device.bump(8)  # its pages were not in the page cache
         return count_to(conn, 10)
 
     assert await store.read(cold_read) == 10  # answered: the wait has already happened
@@ -480,6 +485,28 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
     assert (store.inline_reads, store.offloaded_reads, store.loop_disk_waits) == (2, 1, 1)
 
 
+async def test_inline_reads_take_one_disk_reading_each(
+    patient_store: Store, device: Device
+) -> None:
+    """Each inline read's "before" is the last one's "after": one getrusage per read."""
+    store = patient_store
+    readings = 0
+
+    def counting() -> int:
+        nonlocal readings
+        readings += 1
+        return device.read()
+
+    store.disk_reads = counting
+    for n in range(1, 6):
+        assert await store.read(count_to, n) == n
+    assert (store.inline_reads, readings, store.loop_disk_waits) == (5, 6, 0)
+    # A block read between two of them (by nothing we measure) lands on the next read.
+    device.bump(1)
+    assert await store.read(count_to, 3) == 3
+    assert (readings, store.loop_disk_waits) == (7, 1)
+
+
 async def test_a_write_that_waited_for_the_disk_sends_its_kind_to_threads(
     patient_store: Store, device: Device
 ) -> None:
@@ -489,7 +516,7 @@ async def test_a_write_that_waited_for_the_disk_sends_its_kind_to_threads(
 
     def cold_append(conn: sqlite3.Connection, n: int) -> int:
         ran_on.append(threading.get_ident())
-        device.blocks += 8
+        device.bump(8)
         return append_event(conn, n, False)
 
     first = await store.write(cold_append, 1)
@@ -517,7 +544,7 @@ async def test_the_writes_of_a_batch_after_one_that_waited_for_the_disk_leave_th
     def append(conn: sqlite3.Connection, n: int, cold: bool) -> int:
         ran_on[n] = threading.get_ident()
         if cold:
-            device.blocks += 8
+            device.bump(8)
         return append_event(conn, n, False)
 
     seqs: dict[int, int] = {}

@@ -127,7 +127,9 @@ class KeyCache:
 
 
 def state() -> AppState:
-    return cast(AppState, current_app.extensions["inboxd"])
+    # The app itself, not an attribute looked up through the proxy (a request asks 4-6 times).
+    app: QuartTrio = cast(Any, current_app)._get_current_object()  # werkzeug's LocalProxy
+    return cast(AppState, app.extensions["inboxd"])
 
 
 def now_us() -> int:
@@ -236,7 +238,13 @@ BODY_WAIT_SECONDS: Final = 10.0
 
 
 def _has_body() -> bool:
-    return bool(request.content_length) or "transfer-encoding" in request.headers
+    """Whether the request says a body follows (a Content-Length other than 0, or chunked).
+    Reads the ASGI scope's header list (lower-case names) instead of building them as
+    werkzeug Headers, which GETs would otherwise pay for on every request."""
+    for name, value in request.scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
+            return True
+    return False
 
 
 def create_app(store: Store, config: Config, clock: Clock | None = None) -> QuartTrio:
@@ -290,7 +298,7 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
         if response.status_code in (408, 413):  # the body is not coming, or too large
             response.headers["Connection"] = "close"
             return response
-        if not _has_body() or g.get("body_read", False):
+        if g.get("body_read", False) or not _has_body():
             return response
         with trio.move_on_after(BODY_WAIT_SECONDS) as waited:
             try:

@@ -421,6 +421,11 @@ class Store:
         # Inline reads and writes that read from the device (the loop waited for the disk).
         self.loop_disk_waits = 0
         self.disk_reads: Callable[[], int] = thread_disk_reads  # tests replace it
+        # The trio thread's count as the last inline read or write ended: the next one's
+        # "before", so each takes one reading (getrusage) instead of two. A block read by
+        # anything else on the thread in between (rare: nothing else there reads files) is put
+        # down to that next read or write, which then goes to threads for a second for nothing.
+        self._blocks_seen: int | None = None
         # Used only on the trio thread, only for commit_stamp (its fallback and the mapping).
         self._version_conn = _connect(self.path, readonly=True)
         self._wal_index = _map_wal_index(self.path, self._version_conn)
@@ -731,7 +736,7 @@ class Store:
                 return None
             raise
         done = 0
-        blocks = self.disk_reads()  # then once after each write: the next one's "before"
+        blocks = self._blocks_before()  # then once after each write: the next one's "before"
         try:
             for r in batch:
                 conn.budget(INLINE_WALL_SECONDS, INLINE_CPU_SECONDS)
@@ -740,7 +745,7 @@ class Store:
                     done += 1
                     # Done. If it read from the disk, later batches of its kind go to a
                     # thread, and so does the rest of this one (its pages may be cold too).
-                    after = self.disk_reads()
+                    after = self._blocks_seen = self.disk_reads()
                     if self._note_disk_wait(r.kind, blocks, after):
                         break
                     blocks = after
@@ -772,7 +777,7 @@ class Store:
             return self._read_on(reader, fn, args, READ_DEADLINE_SECONDS, True)
         now = time.monotonic()
         if self._inline_backoff.get(fn, 0.0) <= now:
-            blocks = self.disk_reads()
+            blocks = self._blocks_before()
             try:
                 result = self._read_on(
                     self._inline, fn, args, INLINE_WALL_SECONDS, False, INLINE_CPU_SECONDS
@@ -802,13 +807,21 @@ class Store:
                 conn.lift_deadline()
                 self._readers.append(conn)
 
+    def _blocks_before(self) -> int:
+        """The trio thread's count of blocks read, as inline work starts (see ``_blocks_seen``)."""
+        if self._blocks_seen is None:
+            self._blocks_seen = self.disk_reads()
+        return self._blocks_seen
+
     def _note_disk_wait(
         self, kind: Callable[..., Any], blocks_before: int, blocks_after: int | None = None
     ) -> bool:
         """After work on the trio thread: if it read from the device (the count of blocks read
         moved; ``blocks_after`` None reads it now), the loop waited for the disk. Send that
         function to worker threads for a while (they warm the pages up) and say so."""
-        if (self.disk_reads() if blocks_after is None else blocks_after) == blocks_before:
+        if blocks_after is None:
+            blocks_after = self._blocks_seen = self.disk_reads()
+        if blocks_after == blocks_before:
             return False
         self.loop_disk_waits += 1
         self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
