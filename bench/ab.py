@@ -125,13 +125,12 @@ def run(args: argparse.Namespace) -> int:
             _copy_store(source, store)
         _settle(list(stores.values()))
         ports = {"before": free_port(), "after": free_port(), "bare": free_port()}
-        # No page-cache warm-up: _settle has read both copies through already, and a baseline
-        # from before server.warm_cache ignores the key.
-        env = {
-            "INBOXD_LIMITS_REQUESTS_PER_SECOND": "0",
-            "INBOXD_LOG_LEVEL": "warning",
-            "INBOXD_SERVER_WARM_CACHE": "false",
-        }
+        # server.warm_cache stays on (the default): _settle has read both copies through, so
+        # the warm-up child's read is quick, and its mapping keeps each copy in the page cache
+        # on a machine that pages out what is idle (The machine, in BENCHMARKS.md). Without
+        # it the copies went cold between rows, and the rows measured the disk. A baseline
+        # from before that child has neither.
+        env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"}
         for who in ("before", "after"):
             command = ["-m", "inboxd", "serve", "--data", str(stores[who])]
             command += ["--bind", f"127.0.0.1:{ports[who]}"]
@@ -144,7 +143,11 @@ def run(args: argparse.Namespace) -> int:
 
         def load(url: str, rotate: list[str] | str, key: str | None, script: str | None) -> Any:
             if wrk:
-                return run_wrk(url, args.seconds, key, script)
+                try:
+                    return run_wrk(url, args.seconds, key, script)
+                except RuntimeError as exc:  # say which server is gone, and how it ended
+                    ended = {w: p.poll() for w, p in daemons.items() if p.poll() is not None}
+                    raise RuntimeError(f"{exc} (servers that exited: {ended or 'none'})") from None
             targets = rotate if isinstance(rotate, list) else [rotate]
             return run_python(url, args.seconds, key, targets)
 

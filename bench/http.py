@@ -193,8 +193,12 @@ def run_wrk(
         fh.write(script or "")
     if script:
         cmd += ["-s", fh.name]
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
+    done = subprocess.run([*cmd, url], capture_output=True, text=True)
     Path(fh.name).unlink()
+    if done.returncode != 0:  # say why (a Lua error, no connection) rather than only the status
+        said = (done.stderr + done.stdout).strip()[-2000:]
+        raise RuntimeError(f"wrk on {url} exited with {done.returncode}: {said}")
+    out = done.stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     lat = {}
     for q, value, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):

@@ -288,10 +288,9 @@ def test_the_commit_stamp_moves_with_every_commit_of_any_connection(
     other = Store.open(seed.data_dir, readers=1)
     try:
         if mapped:
-            assert store._wal_index is not None  # Linux keeps the index in the -shm file
+            assert store._wal_header is not None  # Linux keeps the index in the -shm file
         else:
-            store._wal_index.close()  # type: ignore[union-attr]
-            store._wal_index = None  # as where the index cannot be mapped
+            store._wal_header = None  # as where the index cannot be mapped
         stamps = [store.commit_stamp()]
         assert store.commit_stamp() == stamps[-1]  # no commit, same stamp
         store.read_sync(lambda c: c.execute("SELECT count(*) FROM events").fetchone())
@@ -313,6 +312,29 @@ def test_the_commit_stamp_moves_with_every_commit_of_any_connection(
         assert all(a != b for a, b in itertools.pairwise(stamps)), stamps
     finally:
         other.close()
+        store.close()
+
+
+def test_opening_a_store_keeps_sqlite_s_locks_on_the_wal_index(tmp_path: Path) -> None:
+    """Our process must still hold SQLite's "in use" lock on the -shm file after Store.open
+    (closing any descriptor of the file would drop it), or another process would truncate
+    the index under our connections. Checked from another process, as fcntl locks need."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    try:
+        assert store._wal_header is not None
+        # SQLite's DMS lock: byte (22 + 8) * 4 + 8 = 128 of the -shm file (os_unix.c).
+        probe = (
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+            "try: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 128)\n"
+            "except OSError: print('held')\n"
+            "else: print('free')"
+        )
+        shm = f"{db.db_path(seed.data_dir)}-shm"
+        out = subprocess.run([sys.executable, "-c", probe, shm], capture_output=True, text=True)
+        assert out.stdout.strip() == "held", out
+        assert store.commit_stamp() == store.commit_stamp()
+    finally:
         store.close()
 
 

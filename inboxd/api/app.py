@@ -177,8 +177,10 @@ IDEMPOTENCY_KEY: Final = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
 async def _idempotency_claim(who: Principal) -> Response | None:
+    if request.method not in IDEMPOTENT_METHODS:  # first: reads skip the header lookup
+        return None
     key = request.headers.get("Idempotency-Key")
-    if key is None or request.method not in IDEMPOTENT_METHODS:
+    if key is None:
         return None
     if not IDEMPOTENCY_KEY.match(key):
         raise InvalidRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")

@@ -36,8 +36,9 @@ same file while the daemon runs; ``busy_timeout`` makes them wait their turn.
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import logging
-import mmap
+import os
 import resource
 import sqlite3
 import struct
@@ -220,22 +221,41 @@ WAL_INDEX_HEADER: Final = 48
 _WAL_INDEX_VERSION: Final = 3_007_000
 
 
-def _map_wal_index(path: Path, conn: sqlite3.Connection) -> mmap.mmap | None:
-    """Map the start of the store's WAL index read-only, for ``Store.commit_stamp``; None (the
-    stamp then asks SQLite) where there is no -shm file to map or its header is not one we
-    know. ``conn`` reads once first, so that SQLite has built the index."""
-    conn.execute("PRAGMA data_version").fetchone()
+def wal_index_header(path: Path, conn: sqlite3.Connection) -> Any:
+    """A view of the WAL index header where SQLite has mapped it in this process, for
+    ``Store.commit_stamp`` (``.raw`` is its bytes); None (the stamp then asks SQLite) where it
+    is not found in /proc/self/maps or is not a header we know. ``conn`` must stay open for as
+    long as the view is read: SQLite keeps the index mapped while a connection uses it.
+
+    Why SQLite's own mapping and not one of ours: POSIX record locks belong to the process,
+    and closing *any* descriptor of a file drops all of the process's locks on it, SQLite's
+    included, which it holds on the -shm file while a connection is open (the lock that says
+    the index is in use, read marks). Another process (the CLI) would then take the index for
+    unused and truncate it under our connections (found by ``bench ab``: a SIGBUS). Reading
+    /proc opens no descriptor of the store's files."""
+    conn.execute("PRAGMA data_version").fetchone()  # a read: SQLite has built and mapped it
     try:
-        with open(f"{path}-shm", "rb") as f:
-            index = mmap.mmap(f.fileno(), WAL_INDEX_HEADER, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # no file (heap memory WAL index), or shorter than a header
+        shm = os.stat(f"{path}-shm")
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
         return None
-    order = "<" if sys.byteorder == "little" else ">"
-    version, _, _, is_init = struct.unpack_from(order + "IIIB", index)
-    if version != _WAL_INDEX_VERSION or is_init != 1:
-        index.close()
-        return None
-    return index
+    device = f"{os.major(shm.st_dev):02x}:{os.minor(shm.st_dev):02x}"
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or fields[3] != device or fields[4] != str(shm.st_ino):
+            continue
+        if int(fields[2], 16) != 0 or not fields[1].endswith("s"):  # region 0, shared
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if end - start < WAL_INDEX_HEADER:
+            continue
+        header = (ctypes.c_char * WAL_INDEX_HEADER).from_address(start)
+        order = "<" if sys.byteorder == "little" else ">"
+        version, _, _, is_init = struct.unpack_from(order + "IIIB", header.raw)
+        if version == _WAL_INDEX_VERSION and is_init == 1:
+            return header
+    return None
 
 
 def _reader(path: Path) -> ReaderConnection:
@@ -428,7 +448,8 @@ class Store:
         self._blocks_seen: int | None = None
         # Used only on the trio thread, only for commit_stamp (its fallback and the mapping).
         self._version_conn = _connect(self.path, readonly=True)
-        self._wal_index = _map_wal_index(self.path, self._version_conn)
+        # Read only while _version_conn is open (see wal_index_header).
+        self._wal_header = wal_index_header(self.path, self._version_conn)
         # Held by the leader of the batch under way (and briefly by checkpoint_forever).
         self._write_limiter = trio.CapacityLimiter(1)
         self._pending: list[_WriteRequest] = []  # writes no batch has taken yet
@@ -507,13 +528,13 @@ class Store:
         another process. Caches of what the store says use it to know when to ask again; it is
         cheap enough for every request and safe on the trio thread (no disk).
 
-        It is the WAL index header (``_map_wal_index``), read from the shared memory that
+        It is the WAL index header (``wal_index_header``), read from the shared memory that
         SQLite keeps it in: every commit changes its frame count or, after the WAL restarts,
         its salt, before the commit returns. About 0.2 us, against 5-20 us for ``PRAGMA
         data_version``, which takes and drops a read lock (two ``fcntl``, an ``fstat``) and
         the query machinery; the pragma is the fallback where the index cannot be mapped."""
-        if self._wal_index is not None:
-            return self._wal_index[:WAL_INDEX_HEADER]
+        if self._wal_header is not None:
+            return self._wal_header.raw
         return int(self._version_conn.execute("PRAGMA data_version").fetchone()[0])
 
     @property
@@ -522,10 +543,9 @@ class Store:
         return self._offload
 
     def close(self) -> None:
+        self._wal_header = None  # SQLite unmaps it with the last connection
         for conn in [self._writer, *self._readers, self._inline, self._version_conn]:
             conn.close()
-        if self._wal_index is not None:
-            self._wal_index.close()
 
     # -- sync access (CLI, tests) --------------------------------------------------------------
 
