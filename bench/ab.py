@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     return run_wrk(url, args.seconds, key, script)
                 except RuntimeError as exc:  # say which server is gone, and how it ended
-                    ended = {w: p.poll() for w, p in daemons.items() if p.poll() is not None}
+                    codes = {w: p.poll() for w, p in daemons.items()}
+                    ended = {w: code for w, code in codes.items() if code is not None}
                     raise RuntimeError(f"{exc} (servers that exited: {ended or 'none'})") from None
             targets = rotate if isinstance(rotate, list) else [rotate]
             return run_python(url, args.seconds, key, targets)

@@ -529,6 +529,27 @@ async def test_inline_reads_take_one_disk_reading_each(
     assert (readings, store.loop_disk_waits) == (7, 1)
 
 
+async def test_an_interrupted_inline_write_leaves_its_disk_reads_to_no_one_else(
+    patient_store: Store, device: Device
+) -> None:
+    """A write that read the disk and then overran the inline budget counts its own wait; the
+    next read, of another function with its pages in memory, is not blamed for it."""
+    store = patient_store
+
+    def warm_read(conn: sqlite3.Connection) -> int:
+        return int(conn.execute("SELECT 1").fetchone()[0])
+
+    def slow_cold_write(conn: sqlite3.Connection, n: int) -> int:
+        device.bump(8)
+        return count_to(conn, n)  # far past the inline budget: interrupted, then in a thread
+
+    assert await store.read(warm_read) == 1
+    assert await store.write(slow_cold_write, 3_000_000) == 3_000_000
+    assert store.loop_disk_waits == 1
+    assert await store.read(warm_read) == 1
+    assert store.loop_disk_waits == 1 and warm_read not in store._inline_backoff
+
+
 async def test_a_write_that_waited_for_the_disk_sends_its_kind_to_threads(
     patient_store: Store, device: Device
 ) -> None:

@@ -241,8 +241,8 @@ BODY_WAIT_SECONDS: Final = 10.0
 
 def _has_body() -> bool:
     """Whether the request says a body follows (a Content-Length other than 0, or chunked).
-    Reads the ASGI scope's header list (lower-case names) instead of building them as
-    werkzeug Headers, which GETs would otherwise pay for on every request."""
+    Scans the ASGI scope's header list (lower-case byte names) instead of two case-blind
+    lookups in werkzeug's ``Headers``, which every GET would otherwise pay for."""
     for name, value in request.scope["headers"]:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" 0")):
             return True

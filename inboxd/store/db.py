@@ -232,18 +232,29 @@ def wal_index_header(path: Path, conn: sqlite3.Connection) -> Any:
     included, which it holds on the -shm file while a connection is open (the lock that says
     the index is in use, read marks). Another process (the CLI) would then take the index for
     unused and truncate it under our connections (found by ``bench ab``: a SIGBUS). Reading
-    /proc opens no descriptor of the store's files."""
+    /proc opens no descriptor of the store's files. The same holds for any code added to the
+    daemon later: it must never open and close the -shm (or database) file itself.
+
+    The mapping is the one whose inode is the -shm file's and whose device or path is too (on
+    btrfs, and overlayfs before Linux 6.8, /proc shows another device number than ``stat``).
+    A forked child that outlives its parent's connections would find the file gone and its
+    stamp still; inboxd's one child process runs another program at once."""
     conn.execute("PRAGMA data_version").fetchone()  # a read: SQLite has built and mapped it
+    shm_path = f"{path}-shm"
     try:
-        shm = os.stat(f"{path}-shm")
+        shm = os.stat(shm_path)
         with open("/proc/self/maps") as maps:
             lines = maps.read().splitlines()
     except OSError:
-        return None
-    device = f"{os.major(shm.st_dev):02x}:{os.minor(shm.st_dev):02x}"
+        lines = []
+    else:
+        device = f"{os.major(shm.st_dev):02x}:{os.minor(shm.st_dev):02x}"
+        real = os.path.realpath(shm_path)
     for line in lines:
         fields = line.split(maxsplit=5)
-        if len(fields) < 6 or fields[3] != device or fields[4] != str(shm.st_ino):
+        if len(fields) < 6 or fields[4] != str(shm.st_ino):
+            continue
+        if fields[3] != device and fields[5] != real:
             continue
         if int(fields[2], 16) != 0 or not fields[1].endswith("s"):  # region 0, shared
             continue
@@ -255,6 +266,7 @@ def wal_index_header(path: Path, conn: sqlite3.Connection) -> Any:
         version, _, _, is_init = struct.unpack_from(order + "IIIB", header.raw)
         if version == _WAL_INDEX_VERSION and is_init == 1:
             return header
+    log.info("the WAL index is not mapped where expected: commit checks ask SQLite instead")
     return None
 
 
@@ -773,7 +785,9 @@ class Store:
                     if not _interrupted(exc):
                         raise
                     # Over budget: undo the whole batch and let a thread do it; send this
-                    # function's writes there directly for a while.
+                    # function's writes there directly for a while (and count the disk wait
+                    # if it read from the disk before it was interrupted).
+                    self._note_disk_wait(r.kind, blocks)
                     self._inline_backoff[r.kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
                     self._fail_batch(batch, exc)
                     for undone in batch:
@@ -782,6 +796,7 @@ class Store:
         except BaseException as exc:
             # Not a write's own error (those stay with it): the transaction itself failed.
             # Finishing it will find nothing to commit and leave every error in place.
+            self._blocks_seen = None  # read afresh next time: this write's reads go uncounted
             self._fail_batch(batch, exc)
             if not isinstance(exc, Exception):
                 raise
@@ -828,8 +843,10 @@ class Store:
                 self._readers.append(conn)
 
     def _blocks_before(self) -> int:
-        """The trio thread's count of blocks read, as inline work starts (see ``_blocks_seen``)."""
-        if self._blocks_seen is None:
+        """The trio thread's count of blocks read, as inline work starts (see ``_blocks_seen``).
+        Where the count is the whole process's (no ``RUSAGE_THREAD``), worker threads' reads
+        between two inline calls would land on the next one: read it afresh each time there."""
+        if self._blocks_seen is None or _RUSAGE_THREAD == resource.RUSAGE_SELF:
             self._blocks_seen = self.disk_reads()
         return self._blocks_seen
 
