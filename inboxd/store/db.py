@@ -81,6 +81,7 @@ COARSE_STEPS: Final = 1_000_000
 
 # Linux's per-thread usage; elsewhere the whole process's, which can only err towards threads.
 _RUSAGE_THREAD: Final = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+_PER_THREAD: Final = _RUSAGE_THREAD != resource.RUSAGE_SELF
 
 
 def thread_disk_reads() -> int:
@@ -542,9 +543,10 @@ class Store:
 
         It is the WAL index header (``wal_index_header``), read from the shared memory that
         SQLite keeps it in: every commit changes its frame count or, after the WAL restarts,
-        its salt, before the commit returns. About 0.2 us, against 5-20 us for ``PRAGMA
-        data_version``, which takes and drops a read lock (two ``fcntl``, an ``fstat``) and
-        the query machinery; the pragma is the fallback where the index cannot be mapped."""
+        its salt, before the commit returns. About 0.1 us, against 4-5 us idle for ``PRAGMA
+        data_version`` (``bench bound`` prints both), which takes and drops a read lock (two
+        ``fcntl``, an ``fstat``) and goes through the query machinery; the pragma is the
+        fallback where the index's mapping is not found."""
         if self._wal_header is not None:
             return self._wal_header.raw
         return int(self._version_conn.execute("PRAGMA data_version").fetchone()[0])
@@ -846,7 +848,7 @@ class Store:
         """The trio thread's count of blocks read, as inline work starts (see ``_blocks_seen``).
         Where the count is the whole process's (no ``RUSAGE_THREAD``), worker threads' reads
         between two inline calls would land on the next one: read it afresh each time there."""
-        if self._blocks_seen is None or _RUSAGE_THREAD == resource.RUSAGE_SELF:
+        if self._blocks_seen is None or not _PER_THREAD:
             self._blocks_seen = self.disk_reads()
         return self._blocks_seen
 
