@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import ab, cold, delivery, delivery_ab, feed, generate, http, idle, supervisors
+from bench import ab, bound, cold, delivery, delivery_ab, feed, generate, http, idle, supervisors
 
 BENCHMARKS = {
     "ab": ab,
+    "bound": bound,
     "cold": cold,
     "delivery": delivery,
     "delivery-ab": delivery_ab,

@@ -27,6 +27,7 @@ import sqlite3
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,19 +219,29 @@ def run_python(
     key: str | None,
     paths: list[str] | None,
     connections: int = CONNECTIONS,
+    method: str = "GET",
+    body: Callable[[int], bytes] | None = None,
 ) -> dict[str, float]:
-    """A plain driver for machines without wrk (CI's smoke run): GETs only."""
+    """A plain driver for machines without wrk (CI's smoke run): GETs, or ``method`` with
+    ``body(i)`` as the i-th request's JSON body."""
     import trio
 
     latencies: list[float] = []
+    failed = 0
 
     async def worker(client: httpx.AsyncClient, deadline: float, offset: int) -> None:
+        nonlocal failed
         i = offset
         while time.perf_counter() < deadline:
             path = paths[i % len(paths)] if paths else ""
             t = time.perf_counter()
-            await client.get(url + path)
+            if body is None:
+                answer = await client.request(method, url + path)
+            else:
+                content, kind = body(i), {"Content-Type": "application/json"}
+                answer = await client.request(method, url + path, content=content, headers=kind)
             latencies.append(time.perf_counter() - t)
+            failed += not answer.is_success
             i += 1
 
     async def main() -> float:
@@ -248,7 +259,7 @@ def run_python(
         "rps": len(latencies) / took,
         "p50_ms": latencies[len(latencies) // 2] * 1000,
         "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
-        "non_2xx": 0.0,
+        "non_2xx": float(failed),
     }
 
 
