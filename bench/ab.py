@@ -53,6 +53,19 @@ def _copy_store(source: Path, target: Path) -> None:
         shutil.copy2(f, target / f.name)
 
 
+def store_copies(
+    cleanup: contextlib.ExitStack, source: Path, work: Path, names: tuple[str, ...]
+) -> dict[str, Path]:
+    """A copy of the store per name under ``work`` (removed on the way out), written back and
+    read through (``_settle``). Register the servers' stop after this, so it runs first."""
+    cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+    stores = {name: work / name for name in names}
+    for store in stores.values():
+        _copy_store(source, store)
+    _settle(list(stores.values()))
+    return stores
+
+
 def _stop(processes: dict[str, Any]) -> None:
     for process in processes.values():
         process.terminate()
@@ -118,12 +131,8 @@ def run(args: argparse.Namespace) -> int:
     daemons: dict[str, Any] = {}
     with contextlib.ExitStack() as cleanup:
         baseline_src = cleanup.enter_context(baseline_worktree(args.baseline, work / "baseline"))
-        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        stores = store_copies(cleanup, source, work, ("before", "after"))
         cleanup.callback(_stop, daemons)
-        stores = {"before": work / "before", "after": work / "after"}
-        for store in stores.values():
-            _copy_store(source, store)
-        _settle(list(stores.values()))
         ports = {"before": free_port(), "after": free_port(), "bare": free_port()}
         # server.warm_cache stays on (the default): _settle has read both copies through, so
         # the warm-up child's read is quick, and its mapping keeps each copy in the page cache

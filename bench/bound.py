@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ab import _copy_store, _settle, _stop
+from bench.ab import _stop, store_copies
 from bench.common import report, thread_cpu_seconds
 from bench.feed import free_port, start, wait_http
 from bench.http import LUA_WRITE, pick, reset_for_writes, run_python, run_wrk
@@ -68,12 +68,8 @@ def run(args: argparse.Namespace) -> int:
     servers: dict[str, Any] = {}
     rounds: list[dict[str, dict[str, float]]] = []
     with contextlib.ExitStack() as cleanup:
-        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        stores = store_copies(cleanup, source, work, ("real", "cached"))
         cleanup.callback(_stop, servers)
-        stores = {"real": work / "real", "cached": work / "cached"}
-        for store in stores.values():
-            _copy_store(source, store)
-        _settle(list(stores.values()))
         stamps = stamp_costs(stores["real"])
         ports = {name: free_port() for name in ("real", "cached", "bare")}
         env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"}
