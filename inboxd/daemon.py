@@ -36,6 +36,7 @@ from inboxd.feed import FeedHub
 from inboxd.mailer import Mailer
 from inboxd.store import accounts, events, idempotency, warm, webhooks
 from inboxd.store.db import Store
+from inboxd.store.writer import WriterProcess
 from inboxd.webhooks.channel import ChannelWebhookHub
 from inboxd.webhooks.client import make_client
 from inboxd.webhooks.inbox import InboxWebhookDeliverer
@@ -106,6 +107,21 @@ async def prune_journal(app_state: AppState) -> int:
     return total
 
 
+async def _start_writer_process(store: Store) -> None:
+    """Writes run in a child process (store/writer.py); should it not start at all (no
+    processes allowed here, say), they run in the daemon's process as they did before."""
+    writer = WriterProcess(store.path)
+    try:
+        await writer.start()
+    except OSError as exc:
+        log.warning(
+            "could not start the store's writer process; writing from the daemon's own",
+            extra={"error": f"{type(exc).__name__}: {exc}"},
+        )
+        return
+    store.writer_process = writer
+
+
 async def run(
     data_dir: Path,
     config: Config,
@@ -131,6 +147,8 @@ async def run(
     client = make_client(config.webhooks)
     channel_client = make_client(config.webhooks, max_connections=None)
     try:
+        if offload_store:  # (not on MockClock tests: there every write stays on the trio thread)
+            await _start_writer_process(store)
         async with client, channel_client, trio.open_nursery() as nursery:
 
             async def serve_api(
@@ -180,5 +198,8 @@ async def run(
     finally:
         with trio.CancelScope(shield=True):
             await _flush_key_usage(app_state)
+            if store.writer_process is not None:
+                await store.writer_process.aclose()
+                store.writer_process = None
         store.close()
         log.info("stopped")

@@ -53,6 +53,7 @@ import trio
 
 from inboxd.errors import ServiceUnavailable, StoreError
 from inboxd.store.schema import MIGRATIONS
+from inboxd.store.writer import WriterProcess
 
 log = logging.getLogger("inboxd.store")
 
@@ -375,24 +376,20 @@ IDEMPOTENT_WRITE: contextvars.ContextVar[tuple[int, str] | None] = contextvars.C
 )
 
 
-def _with_mark(fn: Callable[..., T], mark: tuple[int, str]) -> Callable[..., T]:
-    def marked(conn: sqlite3.Connection, *args: object) -> T:
-        result = fn(conn, *args)
-        conn.execute(
-            "UPDATE idempotency_keys SET status = 0 WHERE user_pk = ? AND key = ?"
-            " AND status IS NULL",
-            mark,
-        )
-        return result
-
-    return marked
+def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
+    """Record, in the write's own savepoint, that its Idempotency-Key's change is made."""
+    conn.execute(
+        "UPDATE idempotency_keys SET status = 0 WHERE user_pk = ? AND key = ? AND status IS NULL",
+        mark,
+    )
 
 
 @attrs.define(eq=False)
 class _WriteRequest:
     fn: Callable[..., Any]
     args: tuple[object, ...]
-    kind: Callable[..., Any]  # the function the caller passed (fn may wrap it): backoff's key
+    # (user pk, Idempotency-Key) to mark applied with the change, for the request's change.
+    mark: tuple[int, str] | None = None
     result: Any = None
     error: BaseException | None = None
     appended: list[Appended] = attrs.Factory(list)
@@ -423,6 +420,90 @@ class CommitSignal:
         """Return once a commit after ``version`` (read before looking at the store) happened."""
         while self.version == version:
             await self._event.wait()
+
+
+def writer_connection(path: Path) -> JournalConnection:
+    """A connection for running write batches (the store's own, or the writer process's)."""
+    conn = _connect(path, readonly=False)
+    assert isinstance(conn, JournalConnection)
+    conn.wait_when_busy(BUSY_TIMEOUT_MS)
+    return conn
+
+
+def run_batch(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
+    """``batch`` in one transaction, a savepoint per write, then the COMMIT: each request ends
+    with its result or its error (all of them with the transaction's, if that fails)."""
+    _writes_then_commit(conn, batch, batch, begin=True)
+
+
+def _writes_then_commit(
+    conn: sqlite3.Connection,
+    writes: list[_WriteRequest],
+    batch: list[_WriteRequest],
+    begin: bool = False,
+) -> None:
+    """``writes`` (the batch's, or the rest of them) in the batch's transaction, then the
+    COMMIT; a failure of the transaction itself fails the whole batch."""
+    try:
+        if begin:
+            conn.execute("BEGIN IMMEDIATE")
+        run_writes(conn, writes)
+    except BaseException as exc:
+        fail_batch(conn, batch, exc)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    _commit_batch(conn, batch)
+
+
+def run_writes(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
+    """Each write of the batch in its own savepoint, inside the open transaction; a write
+    that raises an ``Exception`` is undone alone and keeps its error."""
+    try:
+        for r in batch:
+            conn.appended, conn.wakes = [], set()  # type: ignore[attr-defined]
+            conn.execute("SAVEPOINT w")
+            try:
+                r.result = r.fn(conn, *r.args)
+                if r.mark is not None:
+                    _mark_applied(conn, r.mark)
+            except BaseException as exc:
+                _lift_deadline(conn)  # undoing it must not be interrupted
+                if not conn.in_transaction:  # SQLite undid the whole (an interrupt does)
+                    raise
+                conn.execute("ROLLBACK TO w")
+                conn.execute("RELEASE w")
+                if not isinstance(exc, Exception) or _interrupted(exc):
+                    raise
+                r.error = exc
+            else:
+                conn.execute("RELEASE w")
+                r.appended, r.wakes = conn.appended, conn.wakes  # type: ignore[attr-defined]
+    finally:
+        conn.appended, conn.wakes = [], set()  # type: ignore[attr-defined]
+
+
+def _commit_batch(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
+    """COMMIT the open transaction (this is where SQLite fsyncs)."""
+    if not conn.in_transaction:  # the batch failed as a whole; errors are set
+        return
+    try:
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        fail_batch(conn, batch, exc)
+        if not isinstance(exc, Exception):
+            raise
+
+
+def fail_batch(conn: sqlite3.Connection, batch: list[_WriteRequest], exc: BaseException) -> None:
+    """The transaction failed: roll back; nothing of the batch is durable."""
+    _lift_deadline(conn)
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+    for r in batch:
+        r.appended, r.wakes = [], set()
+        if r.error is None:
+            r.error = exc
 
 
 class Store:
@@ -469,6 +550,8 @@ class Store:
         self._next_leader = False  # a pending write is queued for the writer
         self._leader_changed = trio.Event()  # set (and replaced) when that place frees up
         self.batches = 0  # transactions committed by write(): each holds one or more writes
+        # Where write batches run when set (the daemon's): a child process (store/writer.py).
+        self.writer_process: WriterProcess | None = None
         self.offloaded_batches = 0  # batches whose writes all ran in a worker thread
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
@@ -597,11 +680,9 @@ class Store:
         savepoint marks that key as applied, so a crash before the response is recorded can
         never let a retry apply the change twice."""
         mark = IDEMPOTENT_WRITE.get()
-        kind = fn
         if mark is not None:
             IDEMPOTENT_WRITE.set(None)  # the request's one change; later writes are bookkeeping
-            fn = _with_mark(fn, mark)
-        request = _WriteRequest(fn, args, kind)
+        request = _WriteRequest(fn, args, mark)
         self._pending.append(request)
         try:
             # One waiting write at a time queues for the writer: the next batch's leader. The
@@ -644,7 +725,9 @@ class Store:
                 # writes of the batch would be lost, or left inside an open transaction that
                 # every later write fails on.
                 with trio.CancelScope(shield=True):
-                    if not self._offload:
+                    if self.writer_process is not None:
+                        await self.writer_process.run(batch)
+                    elif not self._offload:
                         self._run_batch(batch)
                     elif (done := self._run_batch_inline(batch)) is None:
                         self.offloaded_batches += 1
@@ -673,77 +756,17 @@ class Store:
         conn = self._writer
         conn.wait_when_busy(BUSY_TIMEOUT_MS)  # here waiting for another process is fine
         conn.check_every(COARSE_STEPS if self._offload else FINE_STEPS)
-        self._writes_then_commit(batch, batch, begin=True)
-
-    def _writes_then_commit(
-        self, writes: list[_WriteRequest], batch: list[_WriteRequest], begin: bool = False
-    ) -> None:
-        """``writes`` (the batch's, or the rest of them) in the batch's transaction, then the
-        COMMIT; a failure of the transaction itself fails the whole batch."""
-        try:
-            if begin:
-                self._writer.execute("BEGIN IMMEDIATE")
-            self._run_writes(writes)
-        except BaseException as exc:
-            self._fail_batch(batch, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self._commit_batch(batch)
-
-    def _run_writes(self, batch: list[_WriteRequest]) -> None:
-        """Each write of the batch in its own savepoint, inside the open transaction; a write
-        that raises an ``Exception`` is undone alone and keeps its error."""
-        conn = self._writer
-        try:
-            for r in batch:
-                conn.appended, conn.wakes = [], set()
-                conn.execute("SAVEPOINT w")
-                try:
-                    r.result = r.fn(conn, *r.args)
-                except BaseException as exc:
-                    conn.lift_deadline()  # undoing it must not be interrupted
-                    if not conn.in_transaction:  # SQLite undid the whole (an interrupt does)
-                        raise
-                    conn.execute("ROLLBACK TO w")
-                    conn.execute("RELEASE w")
-                    if not isinstance(exc, Exception) or _interrupted(exc):
-                        raise
-                    r.error = exc
-                else:
-                    conn.execute("RELEASE w")
-                    r.appended, r.wakes = conn.appended, conn.wakes
-        finally:
-            conn.appended, conn.wakes = [], set()
+        run_batch(conn, batch)
 
     def _finish_batch(self, batch: list[_WriteRequest], done: int) -> None:
         """In a worker thread: the batch's writes from ``done`` on, in the transaction the trio
         thread opened, then the COMMIT."""
         if self._writer.in_transaction:  # else the batch failed as a whole; errors are set
             self._writer.check_every(COARSE_STEPS)
-            self._writes_then_commit(batch[done:], batch)
-
-    def _commit_batch(self, batch: list[_WriteRequest]) -> None:
-        """COMMIT the open transaction (in a worker thread: this is where SQLite fsyncs)."""
-        if not self._writer.in_transaction:  # the batch failed as a whole; errors are set
-            return
-        try:
-            self._writer.execute("COMMIT")
-        except BaseException as exc:
-            self._fail_batch(batch, exc)
-            if not isinstance(exc, Exception):
-                raise
+            _writes_then_commit(self._writer, batch[done:], batch)
 
     def _fail_batch(self, batch: list[_WriteRequest], exc: BaseException) -> None:
-        """The transaction failed: roll back; nothing of the batch is durable."""
-        conn = self._writer
-        conn.lift_deadline()
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        for r in batch:
-            r.appended, r.wakes = [], set()
-            if r.error is None:
-                r.error = exc
+        fail_batch(self._writer, batch, exc)
 
     def _run_batch_inline(self, batch: list[_WriteRequest]) -> int | None:
         """Make the batch's changes on the trio thread, each write within the inline budget,
@@ -758,7 +781,7 @@ class Store:
         them (BENCHMARKS.md); the fsync at COMMIT must leave the loop, and so must whatever
         comes after a write that read from the disk."""
         now = time.monotonic()
-        if any(self._inline_backoff.get(r.kind, 0.0) > now for r in batch):
+        if any(self._inline_backoff.get(r.fn, 0.0) > now for r in batch):
             return None
         conn = self._writer
         conn.wait_when_busy(0)  # never wait on the loop: a busy store goes to a thread
@@ -775,12 +798,12 @@ class Store:
             for r in batch:
                 conn.budget(INLINE_WALL_SECONDS, INLINE_CPU_SECONDS)
                 try:
-                    self._run_writes([r])
+                    run_writes(conn, [r])
                     done += 1
                     # Done. If it read from the disk, later batches of its kind go to a
                     # thread, and so does the rest of this one (its pages may be cold too).
                     after = self._blocks_seen = self.disk_reads()
-                    if self._note_disk_wait(r.kind, blocks, after):
+                    if self._note_disk_wait(r.fn, blocks, after):
                         break
                     blocks = after
                 except sqlite3.OperationalError as exc:
@@ -789,8 +812,8 @@ class Store:
                     # Over budget: undo the whole batch and let a thread do it; send this
                     # function's writes there directly for a while (and count the disk wait
                     # if it read from the disk before it was interrupted).
-                    self._note_disk_wait(r.kind, blocks)
-                    self._inline_backoff[r.kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
+                    self._note_disk_wait(r.fn, blocks)
+                    self._inline_backoff[r.fn] = time.monotonic() + INLINE_BACKOFF_SECONDS
                     self._fail_batch(batch, exc)
                     for undone in batch:
                         undone.result, undone.error = None, None

@@ -1,0 +1,201 @@
+"""The writer process: the daemon's writes run in a child process of their own.
+
+Why: a write is a few hundred microseconds of Python and SQLite (the change, its SYSTEM row, two
+journal events, their indexes), and on the trio thread that is time every other request waits for.
+A worker thread does not help: SQLite releases the GIL around every statement, and each time the
+worker takes it back it waits for the busy trio thread (BENCHMARKS.md). A process has a GIL and
+a core of its own. The trio thread only sends each batch (the functions, by reference, and their
+arguments) and reads back each write's outcome; the child runs the batch in one transaction, a
+savepoint per write, commits it (the fsync happens there too) and answers.
+
+The frames on the pipes are a 4-byte big-endian length and a pickle. Everything a write function
+takes and returns is plain data (attrs classes, strings, numbers), and the functions are module
+level, so pickling them is a reference by name. An error a write raises is sent back as it is
+when it pickles, or as a ``StoreError`` naming it when it does not.
+
+The child ends when its stdin closes (the daemon stopping) after finishing the batch it is on.
+If it dies, the batch it was running fails with ``ServiceUnavailable`` (its fate is unknown
+to the daemon: it may have committed) and the next batch starts a new child.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
+
+import trio
+
+from inboxd.errors import ServiceUnavailable, StoreError
+
+if TYPE_CHECKING:
+    from inboxd.store.db import _WriteRequest
+
+log = logging.getLogger("inboxd.store")
+
+_LENGTH: Final = struct.Struct(">I")
+_CHILD: Final = "import sys; from inboxd.store.writer import serve; serve(sys.argv[1])"
+
+
+def _frame(obj: object) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(data)) + data
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return StoreError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+# -- the child -------------------------------------------------------------------------------
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+    data = stream.read(n)
+    if len(data) < n:  # EOF: the daemon is gone or stopping
+        return None
+    return data
+
+
+def serve(path: str) -> None:
+    """The child's loop: read a batch, run and commit it, answer; until stdin closes.
+
+    SIGINT and SIGTERM are ignored: they reach the whole process group or service (Ctrl-C in a
+    terminal, systemd stopping the unit) while the daemon still drains its requests, and a
+    writer gone then would fail their writes. The daemon closes the pipe once it is done."""
+    from inboxd.store import db
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    conn = db.writer_connection(Path(path))
+    # The daemon's checkpointer copies the WAL into the database (Store.checkpoint_forever):
+    # this connection's COMMITs only append to the WAL and fsync it.
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    try:
+        while (header := _read_exact(stdin, _LENGTH.size)) is not None:
+            payload = _read_exact(stdin, _LENGTH.unpack(header)[0])
+            if payload is None:
+                break
+            batch = [db._WriteRequest(fn, args, mark) for fn, args, mark in pickle.loads(payload)]
+            db.run_batch(conn, batch)
+            stdout.write(
+                _frame(
+                    [
+                        (
+                            r.result,
+                            None if r.error is None else _picklable(r.error),
+                            r.appended,
+                            r.wakes,
+                        )
+                        for r in batch
+                    ]
+                )
+            )
+            stdout.flush()
+    finally:
+        conn.close()
+
+
+# -- the daemon's side -----------------------------------------------------------------------
+
+
+class WriterProcess:
+    """The daemon's handle on its writer child: ``run`` one batch at a time (the store's
+    write limiter sees to that)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._process: trio.Process | None = None
+        self._buffer = bytearray()
+        self.started = 0  # children started so far
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    async def start(self) -> None:
+        """Start the child now (it imports while the daemon goes on); ``run`` would anyway."""
+        await self._ensure()
+
+    async def _ensure(self) -> trio.Process:
+        if self._process is not None and self._process.poll() is not None:
+            await self._lost(BrokenPipeError("it exited between two batches"))
+        if self._process is None:
+            self._process = await trio.lowlevel.open_process(
+                [sys.executable, "-c", _CHILD, str(self.path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            self._buffer.clear()
+            self.started += 1
+        return self._process
+
+    async def _receive(self, process: trio.Process) -> bytes:
+        assert process.stdout is not None
+        need = _LENGTH.size
+        while True:
+            if len(self._buffer) >= need:
+                if need == _LENGTH.size:
+                    need += _LENGTH.unpack_from(self._buffer)[0]
+                    continue
+                data = bytes(self._buffer[_LENGTH.size : need])
+                del self._buffer[:need]
+                return data
+            chunk = await process.stdout.receive_some()
+            if not chunk:
+                raise BrokenPipeError("the writer process stopped")
+            self._buffer += chunk
+
+    async def run(self, batch: list[_WriteRequest]) -> None:
+        """Run ``batch`` in the child; each request gets its result or error, its journal
+        events and its signals. Not cancellable midway: call it shielded."""
+        try:
+            process = await self._ensure()
+            assert process.stdin is not None
+            await process.stdin.send_all(_frame([(r.fn, r.args, r.mark) for r in batch]))
+            outcomes: list[Any] = pickle.loads(await self._receive(process))
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            await self._lost(exc)
+            for r in batch:
+                r.error = ServiceUnavailable(
+                    "the store's writer stopped; the change may or may not have been made",
+                    code="writer_stopped",
+                )
+            return
+        for r, (result, error, appended, wakes) in zip(batch, outcomes, strict=True):
+            r.result, r.error, r.appended, r.wakes = result, error, appended, wakes
+
+    async def _lost(self, exc: BaseException) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.kill()
+        status = await process.wait()
+        log.error(
+            "the store's writer process stopped; starting another for the next write",
+            extra={"error": f"{type(exc).__name__}: {exc}", "exit_status": status},
+        )
+
+    async def aclose(self) -> None:
+        """Let the child finish and exit (its stdin closes); kill it after 5 s."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with trio.CancelScope(shield=True):
+            assert process.stdin is not None
+            await process.stdin.aclose()
+            with trio.move_on_after(5):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()

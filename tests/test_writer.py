@@ -1,0 +1,222 @@
+"""The writer process (store/writer.py): the daemon's write batches run in a child process, and
+come back with each write's result or error, its journal events and its signals; a writer that
+dies is replaced, and the batch it was running fails with 503 rather than hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from inboxd import daemon
+from inboxd.config import Config
+from inboxd.errors import Conflict, ServiceUnavailable, StoreError
+from inboxd.store import accounts, actions, idempotency, messages
+from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
+from inboxd.store.writer import WriterProcess
+from tests import writer_helpers as helpers
+from tests.conftest import Seed, auth, ingest, seed_store
+
+
+@pytest.fixture
+def seed(tmp_path: Path) -> Seed:
+    return seed_store(tmp_path / "data")
+
+
+@pytest.fixture
+async def store(seed: Seed) -> AsyncIterator[Store]:
+    s = Store.open(seed.data_dir, readers=1)
+    s.writer_process = WriterProcess(s.path)
+    try:
+        yield s
+    finally:
+        await s.writer_process.aclose()
+        s.close()
+
+
+def committed(store: Store) -> list[dict[str, int]]:
+    """The data of the test.pid events that committed, in order."""
+    rows = store.read_sync(
+        lambda c: [r[0] for r in c.execute("SELECT body FROM events WHERE type = 'test.pid'")]
+    )
+    return [json.loads(body)["data"] for body in rows]
+
+
+async def test_writes_run_in_the_child_and_bring_back_results_events_and_signals(
+    store: Store,
+) -> None:
+    seen: list[list[Appended]] = []
+    store.add_journal_listener(seen.append)
+    signal_before = store.signal("test.signal").version
+    results: dict[int, int] = {}
+
+    async def one(n: int) -> None:
+        results[n] = await store.write(helpers.record_pid, n)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(8):
+            nursery.start_soon(one, n)
+    assert store.writer_process is not None
+    child = store.writer_process.pid
+    assert child is not None and child != os.getpid()
+    assert results == {n: child for n in range(8)}
+    assert sorted(d["n"] for d in committed(store)) == list(range(8))
+    assert {d["pid"] for d in committed(store)} == {child}
+    # Each write's event reached the journal's listeners in the daemon, with its committed seq.
+    appended = [a for batch in seen for a in batch]
+    assert sorted(json.loads(a.body)["data"]["n"] for a in appended) == list(range(8))
+    seqs = store.read_sync(
+        lambda c: [r[0] for r in c.execute("SELECT seq FROM events WHERE type = 'test.pid'")]
+    )
+    assert sorted(a.seq for a in appended) == seqs
+    assert store.signal("test.signal").version > signal_before
+    assert store.writer_process.started == 1
+
+
+async def test_a_failing_write_is_undone_alone_and_its_error_comes_back_as_raised(
+    store: Store,
+) -> None:
+    outcomes: dict[int, object] = {}
+
+    async def one(n: int) -> None:
+        fn = helpers.refuse_after_writing if n == 1 else helpers.record_pid
+        try:
+            outcomes[n] = await store.write(fn, n)
+        except Conflict as exc:
+            outcomes[n] = exc
+
+    async with trio.open_nursery() as nursery:
+        for n in range(3):
+            nursery.start_soon(one, n)
+    refused = outcomes[1]
+    assert isinstance(refused, Conflict)
+    assert (refused.code, refused.message) == ("test_refused", "write 1 refuses")
+    assert sorted(d["n"] for d in committed(store)) == [0, 2]
+    # An error that does not survive pickling comes back as a StoreError naming it.
+    with pytest.raises(StoreError, match="Unpicklable: no pickle"):
+        await store.write(helpers.raise_unpicklable)
+    assert (await store.write(helpers.record_pid, 3)) == store.writer_process.pid  # type: ignore[union-attr]
+
+
+def exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited (and is not reaped yet: its state is Z)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+async def test_a_writer_that_died_between_batches_is_replaced(store: Store) -> None:
+    first = await store.write(helpers.record_pid, 1)
+    os.kill(first, signal.SIGKILL)
+    with trio.fail_after(10):
+        while not exited(first):  # noqa: ASYNC110 (polling another process)
+            await trio.sleep(0.01)
+    second = await store.write(helpers.record_pid, 2)
+    assert second != first
+    assert store.writer_process is not None and store.writer_process.started == 2
+    assert [d["n"] for d in committed(store)] == [1, 2]
+
+
+async def test_a_writer_killed_mid_batch_fails_that_batch_with_503_and_commits_none_of_it(
+    store: Store,
+) -> None:
+    child = await store.write(helpers.record_pid, 1)
+    failed: list[ServiceUnavailable] = []
+
+    async def slow() -> None:
+        with pytest.raises(ServiceUnavailable) as exc:
+            await store.write(helpers.sleep_then_record, 5.0)
+        failed.append(exc.value)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow)
+        await trio.sleep(0.5)  # it is sleeping inside its transaction
+        os.kill(child, signal.SIGKILL)
+    assert failed[0].status == 503 and failed[0].code == "writer_stopped"
+    assert "may or may not" in failed[0].message
+    # Its transaction never committed; the next write has a new writer.
+    assert await store.write(helpers.record_pid, 2) != child
+    assert [d["n"] for d in committed(store)] == [1, 2]
+
+
+async def test_the_writer_ignores_sigterm_and_exits_once_its_pipe_closes(store: Store) -> None:
+    child = await store.write(helpers.record_pid, 1)
+    os.kill(child, signal.SIGTERM)  # systemd stopping the unit signals every process in it
+    os.kill(child, signal.SIGINT)  # Ctrl-C in a terminal, the whole process group
+    await trio.sleep(0.2)
+    assert await store.write(helpers.record_pid, 2) == child  # still the same writer
+    process = store.writer_process._process  # type: ignore[union-attr]
+    assert process is not None
+    await store.writer_process.aclose()  # type: ignore[union-attr]
+    assert process.returncode == 0
+
+
+async def test_the_idempotency_mark_commits_with_the_change_in_the_writer(
+    store: Store, seed: Seed
+) -> None:
+    """As tests/test_idempotency.py's lost-response case, through the child: the mark that the
+    request's change was made commits in that change's savepoint."""
+    who = store.read_sync(accounts.authenticate, seed.owner_key)
+    assert who is not None
+    new = messages.NewMessage(
+        channel_id=seed.sales_id,
+        direction="INBOUND",
+        phone_number="15550001",
+        contact_name=None,
+        contact_avatar=None,
+        type="TEXT",
+        content="hi",
+    )
+    conv = (await store.write(messages.ingest, who, new, 1)).message.conversation_id
+    assert await store.write(idempotency.claim, who.user_pk, "k", b"fp", 1_000) is None
+    IDEMPOTENT_WRITE.set((who.user_pk, "k"))
+    renamed = await store.write(actions.rename, who, conv, "Applied once", 1_000)
+    assert renamed.title == "Applied once"
+    assert IDEMPOTENT_WRITE.get() is None  # only the request's first write carries the mark
+    with pytest.raises(Conflict) as refused:
+        await store.write(idempotency.claim, who.user_pk, "k", b"fp", 1_000 + 61 * 10**6)
+    assert refused.value.code == "idempotency_key_applied"
+
+
+def writer_children() -> list[int]:
+    """The pids of this process's writer children still running (not yet exited)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and b"inboxd.store.writer" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_the_daemon_writes_through_its_child_and_stops_it_on_shutdown(
+    seed: Seed, config: Config
+) -> None:
+    shutdown = trio.Event()
+    assert writer_children() == []
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: daemon.run(
+                seed.data_dir, config, shutdown, bind="127.0.0.1:0", task_status=task_status
+            )
+        )
+        children = writer_children()
+        assert len(children) == 1  # started with the daemon, before the first write
+        async with httpx.AsyncClient(base_url=urls[0], headers=auth(seed.owner_key)) as client:
+            conv = (await ingest(client, seed.sales_id, "15550002"))["conversationId"]
+            r = await client.patch(
+                f"/api/v1/inbox/conversations/{conv}/title", json={"title": "From the child"}
+            )
+            assert r.status_code == 200 and r.json()["title"] == "From the child"
+        assert writer_children() == children
+        shutdown.set()
+    assert writer_children() == []  # closed with the daemon, not left behind

@@ -1,0 +1,38 @@
+"""Write functions for tests/test_writer.py. The writer process imports them by name, so they
+live here, apart from pytest and the fixtures (the child imports only what it needs)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+from inboxd.errors import Conflict
+from inboxd.store import db, events
+
+
+def record_pid(conn: sqlite3.Connection, n: int) -> int:
+    """Journal a test event holding the process that ran this write; return its pid."""
+    events.append(conn, 1, None, "test.pid", {"n": n, "pid": os.getpid()}, 1)
+    db.wake(conn, "test.signal")
+    return os.getpid()
+
+
+def refuse_after_writing(conn: sqlite3.Connection, n: int) -> None:
+    """Write, then refuse: the write must be undone alone."""
+    events.append(conn, 1, None, "test.pid", {"n": n, "pid": os.getpid()}, 1)
+    raise Conflict(f"write {n} refuses", code="test_refused")
+
+
+class Unpicklable(Exception):
+    def __init__(self, a: str, b: str) -> None:  # pickling calls Unpicklable(msg): TypeError
+        super().__init__(f"{a} {b}")
+
+
+def raise_unpicklable(conn: sqlite3.Connection) -> None:
+    raise Unpicklable("no", "pickle")
+
+
+def sleep_then_record(conn: sqlite3.Connection, seconds: float) -> None:
+    events.append(conn, 1, None, "test.pid", {"n": -1, "pid": os.getpid()}, 1)
+    time.sleep(seconds)
