@@ -13,7 +13,8 @@
     ├── UnsupportedMediaType  415   unsupported_media_type
     ├── Unprocessable         422   assignee_not_allowed, invalid_url, contact_blocked, ...
     ├── RateLimited           429   rate_limited (with Retry-After)
-    └── ServiceUnavailable    503   query_timeout (a read ran past the store's read deadline)
+    └── ServiceUnavailable    503   query_timeout (a read ran past the store's read deadline),
+                                    writer_stopped (the writer process died under a write)
 
 The store raises these too, so a rule that lives in SQL (say, "this contact is blocked") reports
 itself with the right code without a second check in the route.

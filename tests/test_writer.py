@@ -17,7 +17,7 @@ import trio
 from inboxd import daemon
 from inboxd.config import Config
 from inboxd.errors import Conflict, ServiceUnavailable, StoreError
-from inboxd.store import accounts, actions, idempotency, messages
+from inboxd.store import accounts, actions, conversations, idempotency, messages
 from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
 from inboxd.store.writer import WriterProcess
 from tests import writer_helpers as helpers
@@ -180,6 +180,28 @@ async def test_the_idempotency_mark_commits_with_the_change_in_the_writer(
     with pytest.raises(Conflict) as refused:
         await store.write(idempotency.claim, who.user_pk, "k", b"fp", 1_000 + 61 * 10**6)
     assert refused.value.code == "idempotency_key_applied"
+
+
+async def test_results_come_back_equal_to_what_the_store_holds(store: Store, seed: Seed) -> None:
+    """attrs values cross the pipe as their class and field values (the writer's pickler):
+    what a write returns through the child equals the same value read in this process."""
+    who = store.read_sync(accounts.authenticate, seed.owner_key)
+    assert who is not None
+    new = messages.NewMessage(
+        channel_id=seed.sales_id,
+        direction="INBOUND",
+        phone_number="15550003",
+        contact_name="Carla",
+        contact_avatar=None,
+        type="TEXT",
+        content="hello",
+    )
+    ingested = await store.write(messages.ingest, who, new, 5)
+    conv_id = ingested.message.conversation_id
+    assert ingested.message == store.read_sync(messages.load_one, ingested.message.pk)
+    assigned = await store.write(actions.assign, who, conv_id, seed.ann_id, 6)
+    assert assigned == store.read_sync(conversations.get, who, conv_id)
+    assert assigned.assigned_user is not None and assigned.assigned_user.id == seed.ann_id
 
 
 def writer_children() -> list[int]:

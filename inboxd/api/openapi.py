@@ -177,6 +177,8 @@ def _implied_errors(
         implied.append({401: ["unauthorized"], 429: ["rate_limited"], 503: ["query_timeout"]})
     if access == "owner":
         implied.append({403: ["forbidden"]})
+    if method in WRITE_METHODS:  # its change, or the Idempotency-Key claim (store/writer.py)
+        implied.append({503: ["writer_stopped"]})
     if access != "public" and method in WRITE_METHODS:  # the Idempotency-Key claim
         implied.append(
             {

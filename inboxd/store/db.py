@@ -6,11 +6,14 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
 - ``await store.write(fn, ...)`` runs ``fn`` on the single writer connection inside
   ``BEGIN IMMEDIATE ... COMMIT``, one batch at a time (a ``CapacityLimiter(1)``; writes that wait
   share the next transaction). A state change, its SYSTEM message and its journal event are one
-  call, so they commit together or not at all. The writes run on the trio thread within the same
-  budget as reads and only the COMMIT (the fsync) goes to a worker thread, with the rest of the
-  batch after a write that read from the disk; a batch that overruns, or finds another process
-  holding the write lock, runs whole in a worker thread instead. The
-  default ``abandon_on_cancel=False`` means a cancelled caller still lets the commit finish.
+  call, so they commit together or not at all. In the daemon the batches run in the writer
+  process (``Store.writer_process``, store/writer.py), on a connection of its own: the trio
+  thread only sends them and reads back the outcomes. Without it (MockClock tests, or no child
+  could start), the writes run on the trio thread within the same budget as reads and only the
+  COMMIT (the fsync) goes to a worker thread, with the rest of the batch after a write that
+  read from the disk; a batch that overruns, or finds another process holding the write lock,
+  runs whole in a worker thread instead. Either way a batch, once taken, commits or fails
+  whole even if its caller is cancelled.
 - ``await store.read(fn, ...)`` runs ``fn`` inside a read transaction (one consistent snapshot).
   It first runs on the trio thread with a budget: ``INLINE_CPU_SECONDS`` of the thread's CPU time
   (work) or ``INLINE_WALL_SECONDS`` of wall time (waiting on disk, or preempted), whichever comes

@@ -20,6 +20,7 @@ to the daemon: it may have committed) and the next batch starts a new child.
 
 from __future__ import annotations
 
+import io
 import logging
 import pickle
 import signal
@@ -29,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
+import attrs
 import trio
 
 from inboxd.errors import ServiceUnavailable, StoreError
@@ -47,9 +49,51 @@ def _frame(obj: object) -> bytes:
     return _LENGTH.pack(len(data)) + data
 
 
+# attrs class -> its fields' names, when calling the class with their values in order rebuilds
+# an equal instance (every field an __init__ argument, positional, unconverted); None if not.
+_REBUILT_BY_INIT: dict[type, tuple[str, ...] | None] = {}
+
+
+def _init_fields(cls: type) -> tuple[str, ...] | None:
+    if cls not in _REBUILT_BY_INIT:
+        fields = attrs.fields(cls)
+        init = getattr(cls.__dict__.get("__init__"), "__code__", None)
+        plain = (
+            init is not None
+            and init.co_filename.startswith("<attrs generated")  # not a hand-written __init__
+            and all(
+                f.init and not f.kw_only and f.converter is None and f.alias == f.name
+                for f in fields
+            )
+        )
+        _REBUILT_BY_INIT[cls] = tuple(f.name for f in fields) if plain else None
+    return _REBUILT_BY_INIT[cls]
+
+
+class _OutcomePickler(pickle.Pickler):
+    """Pickles attrs instances as their class and field values, which the daemon unpickles by
+    calling the class: about half the trio thread's time of attrs' own ``__setstate__`` (a
+    Python loop over the slots), which under load was 20-25 us of each write's outcome."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        if attrs.has(cls) and (names := _init_fields(cls)) is not None:
+            return cls, tuple([getattr(obj, name) for name in names])
+        return NotImplemented
+
+
+def _outcome_frame(obj: object) -> bytes:
+    buffer = io.BytesIO()
+    buffer.write(bytes(_LENGTH.size))
+    _OutcomePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    data = buffer.getbuffer()
+    _LENGTH.pack_into(data, 0, len(data) - _LENGTH.size)
+    return bytes(data)
+
+
 def _picklable(exc: BaseException) -> BaseException:
     try:
-        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+        pickle.loads(_outcome_frame(exc)[_LENGTH.size :])
     except Exception:
         return StoreError(f"{type(exc).__name__}: {exc}")
     return exc
@@ -89,7 +133,7 @@ def serve(path: str) -> None:
             batch = [db._WriteRequest(fn, args, mark) for fn, args, mark in pickle.loads(payload)]
             db.run_batch(conn, batch)
             stdout.write(
-                _frame(
+                _outcome_frame(
                     [
                         (
                             r.result,
