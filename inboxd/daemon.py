@@ -107,21 +107,6 @@ async def prune_journal(app_state: AppState) -> int:
     return total
 
 
-async def _start_writer_process(store: Store) -> None:
-    """Writes run in a child process (store/writer.py); should it not start at all (no
-    processes allowed here, say), they run in the daemon's process as they did before."""
-    writer = WriterProcess(store.path)
-    try:
-        await writer.start()
-    except OSError as exc:
-        log.warning(
-            "could not start the store's writer process; writing from the daemon's own",
-            extra={"error": f"{type(exc).__name__}: {exc}"},
-        )
-        return
-    store.writer_process = writer
-
-
 async def run(
     data_dir: Path,
     config: Config,
@@ -146,10 +131,12 @@ async def run(
     hc = hypercorn_config(config, bind or config.server.bind)
     client = make_client(config.webhooks)
     channel_client = make_client(config.webhooks, max_connections=None)
+    if offload_store:  # (not on MockClock tests: there every write stays on the trio thread)
+        store.writer_process = WriterProcess(store.path)
     try:
-        if offload_store:  # (not on MockClock tests: there every write stays on the trio thread)
-            await _start_writer_process(store)
         async with client, channel_client, trio.open_nursery() as nursery:
+            if store.writer_process is not None:  # it imports while the rest starts
+                nursery.start_soon(store.writer_process.start)
 
             async def serve_api(
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,

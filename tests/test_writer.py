@@ -17,7 +17,7 @@ import trio
 from inboxd import daemon
 from inboxd.config import Config
 from inboxd.errors import Conflict, ServiceUnavailable, StoreError
-from inboxd.store import accounts, actions, conversations, idempotency, messages
+from inboxd.store import accounts, actions, conversations, idempotency, messages, writer
 from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
 from inboxd.store.writer import WriterProcess
 from tests import writer_helpers as helpers
@@ -242,3 +242,40 @@ async def test_the_daemon_writes_through_its_child_and_stops_it_on_shutdown(
         assert writer_children() == children
         shutdown.set()
     assert writer_children() == []  # closed with the daemon, not left behind
+
+
+async def test_a_writer_that_cannot_start_leaves_the_daemon_writing_from_its_own_process(
+    seed: Seed, config: Config, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(writer, "_CHILD", "import sys; sys.exit(3)")  # dies before "ready"
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: daemon.run(
+                seed.data_dir, config, shutdown, bind="127.0.0.1:0", task_status=task_status
+            )
+        )
+        assert writer_children() == []
+        async with httpx.AsyncClient(base_url=urls[0], headers=auth(seed.owner_key)) as client:
+            conv = (await ingest(client, seed.sales_id, "15550004"))["conversationId"]
+            r = await client.patch(
+                f"/api/v1/inbox/conversations/{conv}/title", json={"title": "From the daemon"}
+            )
+            assert r.status_code == 200 and r.json()["title"] == "From the daemon"
+        shutdown.set()
+    warned = [r for r in caplog.records if "writer process" in r.getMessage()]
+    assert warned and "exit status 3" in str(warned[0].__dict__.get("error"))
+
+
+async def test_a_new_writer_that_does_not_start_fails_only_its_batch(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = await store.write(helpers.record_pid, 1)
+    os.kill(first, signal.SIGKILL)
+    monkeypatch.setattr(writer, "_CHILD", "import sys; sys.exit(4)")
+    with pytest.raises(ServiceUnavailable) as exc:
+        await store.write(helpers.record_pid, 2)
+    assert exc.value.code == "writer_stopped"
+    monkeypatch.undo()
+    assert await store.write(helpers.record_pid, 3) not in (first, None)
+    assert [d["n"] for d in committed(store)] == [1, 3]

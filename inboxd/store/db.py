@@ -728,8 +728,8 @@ class Store:
                 # writes of the batch would be lost, or left inside an open transaction that
                 # every later write fails on.
                 with trio.CancelScope(shield=True):
-                    if self.writer_process is not None:
-                        await self.writer_process.run(batch)
+                    if self.writer_process is not None and await self.writer_process.run(batch):
+                        pass  # the writer process ran it
                     elif not self._offload:
                         self._run_batch(batch)
                     elif (done := self._run_batch_inline(batch)) is None:

@@ -13,14 +13,22 @@ takes and returns is plain data (attrs classes, strings, numbers), and the funct
 level, so pickling them is a reference by name. An error a write raises is sent back as it is
 when it pickles, or as a ``StoreError`` naming it when it does not.
 
+A new child gets the daemon's ``sys.path`` and says it is ready once it has imported and opened
+the store (within ``READY_SECONDS``). The daemon starts it beside its other tasks; the first
+batch waits for it. Should the first child not start at all (no processes allowed here, say),
+``unavailable`` is set, logged, and the store writes from the daemon's own process as it did
+before the writer existed.
+
 The child ends when its stdin closes (the daemon stopping) after finishing the batch it is on.
-If it dies, the batch it was running fails with ``ServiceUnavailable`` (its fate is unknown
-to the daemon: it may have committed) and the next batch starts a new child.
+If it dies, the batch it was running fails with ``ServiceUnavailable`` ``writer_stopped`` (its
+fate is unknown to the daemon: it may have committed) and the next batch starts a new child.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import logging
 import pickle
 import signal
@@ -41,7 +49,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("inboxd.store")
 
 _LENGTH: Final = struct.Struct(">I")
-_CHILD: Final = "import sys; from inboxd.store.writer import serve; serve(sys.argv[1])"
+# The child imports what the daemon imports: it gets the daemon's sys.path (argv[2]).
+_CHILD: Final = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[2]);"
+    " from inboxd.store.writer import serve; serve(sys.argv[1])"
+)
+# How long a new child may take to import, open the store and say it is ready.
+READY_SECONDS: Final = 30.0
+_READY: Final = "ready"
 
 
 def _frame(obj: object) -> bytes:
@@ -125,6 +140,8 @@ def serve(path: str) -> None:
     # this connection's COMMITs only append to the WAL and fsync it.
     conn.execute("PRAGMA wal_autocheckpoint = 0")
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(_frame(_READY))
+    stdout.flush()
     try:
         while (header := _read_exact(stdin, _LENGTH.size)) is not None:
             payload = _read_exact(stdin, _LENGTH.unpack(header)[0])
@@ -160,29 +177,65 @@ class WriterProcess:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._process: trio.Process | None = None
+        self._spawning = trio.Lock()  # start() may run beside the first batch
         self._buffer = bytearray()
         self.started = 0  # children started so far
+        # The first child did not start (no processes allowed here, say): run() refuses every
+        # batch, and the store writes from the daemon's own process as it did before.
+        self.unavailable = False
 
     @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
     async def start(self) -> None:
-        """Start the child now (it imports while the daemon goes on); ``run`` would anyway."""
-        await self._ensure()
+        """Start the child and wait until it is ready (or give up: ``unavailable``)."""
+        with contextlib.suppress(OSError):
+            await self._ensure()
 
     async def _ensure(self) -> trio.Process:
-        if self._process is not None and self._process.poll() is not None:
-            await self._lost(BrokenPipeError("it exited between two batches"))
-        if self._process is None:
-            self._process = await trio.lowlevel.open_process(
-                [sys.executable, "-c", _CHILD, str(self.path)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
-            self._buffer.clear()
-            self.started += 1
-        return self._process
+        """The running child, started if need be; ``OSError`` if it does not start."""
+        try:
+            return await self._ensure_started()
+        except OSError as exc:
+            if self.started == 0 and not self.unavailable:
+                self.unavailable = True
+                log.warning(
+                    "could not start the store's writer process; writing from the daemon's own",
+                    extra={"error": f"{type(exc).__name__}: {exc}"},
+                )
+            raise
+
+    async def _ensure_started(self) -> trio.Process:
+        async with self._spawning:
+            if self._process is not None and self._process.poll() is not None:
+                await self._lost(BrokenPipeError("it exited between two batches"))
+            if self._process is None:
+                self._process = await self._spawn()
+            return self._process
+
+    async def _spawn(self) -> trio.Process:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _CHILD, str(self.path), json.dumps(sys.path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._buffer.clear()
+        said: object = None
+        try:
+            with (
+                trio.move_on_after(READY_SECONDS),
+                contextlib.suppress(OSError, trio.BrokenResourceError, pickle.UnpicklingError),
+            ):
+                said = pickle.loads(await self._receive(process))
+        except BaseException:  # cancelled (the daemon stopping as it starts): no child left
+            await _end(process)
+            raise
+        if said != _READY:
+            status = await _end(process)
+            raise OSError(f"the writer process did not start (exit status {status})")
+        self.started += 1
+        return process
 
     async def _receive(self, process: trio.Process) -> bytes:
         assert process.stdout is not None
@@ -200,11 +253,19 @@ class WriterProcess:
                 raise BrokenPipeError("the writer process stopped")
             self._buffer += chunk
 
-    async def run(self, batch: list[_WriteRequest]) -> None:
+    async def run(self, batch: list[_WriteRequest]) -> bool:
         """Run ``batch`` in the child; each request gets its result or error, its journal
-        events and its signals. Not cancellable midway: call it shielded."""
+        events and its signals. Not cancellable midway: call it shielded. False (and nothing
+        done) if no child ever started here: the caller runs the batch itself."""
+        if self.unavailable:
+            return False
         try:
-            process = await self._ensure()
+            try:
+                process = await self._ensure()
+            except OSError:
+                if self.unavailable:
+                    return False
+                raise
             assert process.stdin is not None
             await process.stdin.send_all(_frame([(r.fn, r.args, r.mark) for r in batch]))
             outcomes: list[Any] = pickle.loads(await self._receive(process))
@@ -215,16 +276,16 @@ class WriterProcess:
                     "the store's writer stopped; the change may or may not have been made",
                     code="writer_stopped",
                 )
-            return
+            return True
         for r, (result, error, appended, wakes) in zip(batch, outcomes, strict=True):
             r.result, r.error, r.appended, r.wakes = result, error, appended, wakes
+        return True
 
     async def _lost(self, exc: BaseException) -> None:
         process, self._process = self._process, None
         if process is None:
             return
-        process.kill()
-        status = await process.wait()
+        status = await _end(process)
         log.error(
             "the store's writer process stopped; starting another for the next write",
             extra={"error": f"{type(exc).__name__}: {exc}", "exit_status": status},
@@ -240,6 +301,15 @@ class WriterProcess:
             await process.stdin.aclose()
             with trio.move_on_after(5):
                 await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await _end(process)
+
+
+async def _end(process: trio.Process) -> int:
+    """Kill ``process`` unless it has exited; close its pipes; its exit status."""
+    with trio.CancelScope(shield=True):
+        process.kill()  # (nothing if it has exited already)
+        status = await process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                await pipe.aclose()
+    return status
