@@ -1,13 +1,14 @@
-"""What a write could reach with its store work gone, and what the key cache's check costs.
+"""What a write could reach with no store work at all, and what the key cache's check costs.
 
 Starts the bare ceiling app and two daemons, each on its own copy of the store: inboxd as it is,
 and inboxd whose renames return a cached row without touching the store
 (``bench.cached_writes``). Then alternates slices of title writes on each daemon (32
 connections, the same requests as ``bench http``) with the ceiling's GET, and reports for each
 requests/s, its share of the ceiling in the same round, and the serving thread's CPU per
-request (/proc). The cached daemon's share bounds what taking the store's work off the trio
-thread (a writer process, say) could give: the rest of a write is HTTP, the body, the key and
-the answer.
+request (/proc). The cached daemon's share is what a write makes with no store work at all:
+the rest of a write is HTTP, the body, the key and the answer. Since the writer process (store/
+writer.py) took the store's work off the trio thread, what is left between the real daemon and
+the cached one is the hand-off: the batch's pickles, the pipe and the group commit's bookkeeping.
 
 Also times ``Store.commit_stamp`` both ways on the store (the WAL index header SQLite has
 mapped, and the ``PRAGMA data_version`` fallback), the check every authenticated request makes.

@@ -8,7 +8,8 @@ scripts that change the title, the assignee and the status of many conversations
 every request is a real change (SYSTEM row + event + the change in one transaction).
 
 Beside each endpoint: its share of the ceiling's requests/s, and the storage floor: the same
-store function called directly on the same file, one thread, no HTTP. The machines this runs on
+store function called directly on the same file, one thread, no HTTP (for a write, as the writer
+process runs it: alone in its transaction, fsync included, and 32 to a transaction). The machines this runs on
 are noisy (the ceiling alone moves by 20 % between runs), so the ceiling is measured right
 before each endpoint, for the same time, and each share is against that neighbouring figure;
 the table also shows the median of those ceilings. Beside each write, the bare app also answers
@@ -35,8 +36,8 @@ import httpx
 
 from bench.common import report, timed
 from bench.feed import free_port, start, wait_http
-from inboxd.store import accounts, conversations, messages
-from inboxd.store.db import Store, db_path
+from inboxd.store import accounts, actions, conversations, messages
+from inboxd.store.db import Store, WriteRequest, db_path, run_batch, writer_connection
 from inboxd.store.warm import read_through
 
 CONNECTIONS = 32
@@ -325,6 +326,69 @@ def floor_us(data: Path, ids: dict[str, Any], fn: Any, *args: Any, repeat: int =
         store.close()
 
 
+def write_call(
+    kind: str, who: Any, conversation: str, round_: int, owner_id: str, n: int
+) -> tuple[Any, tuple[Any, ...]]:
+    """The store function and arguments of one write of ``kind``, as the Lua scripts make them:
+    each round over the conversations changes them one way, the next round back."""
+    now = time.time_ns() // 1000
+    if kind == "title":
+        return actions.rename, (who, conversation, f"floor {n}", now)
+    if kind == "status":
+        return actions.set_status, (who, conversation, "CLOSED" if round_ % 2 == 0 else "OPEN", now)
+    if kind == "assignee":
+        return actions.assign, (who, conversation, owner_id if round_ % 2 == 0 else None, now)
+    return actions.set_blocked, (who, conversation, round_ % 2 == 0, now)
+
+
+def write_floor_us(
+    data: Path,
+    ids: dict[str, Any],
+    kind: str,
+    targets: list[str],
+    writes: int = 256,
+    batch: int = 32,
+) -> dict[str, float]:
+    """Microseconds per write of ``kind`` at the store, directly on the file, as the writer
+    process runs them (db.run_batch on a connection of its own): each write alone in its
+    transaction (its COMMIT's fsync included), and ``batch`` writes to a transaction, as group
+    commit makes them under load."""
+    reset_for_writes(data, targets)
+    store = Store.open(data, readers=1)
+    conn = writer_connection(store.path)
+    try:
+        who = store.read_sync(accounts.authenticate, ids["key"])
+        n = 0
+
+        def requests(count: int) -> list[WriteRequest]:
+            nonlocal n
+            out = []
+            for _ in range(count):
+                fn, fn_args = write_call(
+                    kind, who, targets[n % len(targets)], n // len(targets), ids["owner_id"], n
+                )
+                out.append(WriteRequest(fn, fn_args))
+                n += 1
+            return out
+
+        def timed_batches(size: int) -> float:
+            batches = [requests(size) for _ in range(writes // size)]
+            started = time.perf_counter()
+            for b in batches:
+                run_batch(conn, b)
+            elapsed = time.perf_counter() - started
+            failed = [r.error for b in batches for r in b if r.error is not None]
+            if failed:
+                raise RuntimeError(f"write floor ({kind}): {failed[0]!r}")
+            return elapsed / (len(batches) * size) * 1e6
+
+        return {"alone": timed_batches(1), f"batches of {batch}": timed_batches(batch)}
+    finally:
+        conn.close()
+        store.close()
+        reset_for_writes(data, targets)
+
+
 def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
     ids = pick(data)
@@ -364,6 +428,7 @@ def run(args: argparse.Namespace) -> int:
     sized_ceilings: dict[str, dict[str, float]] = {}
     sizes: dict[str, int] = {}
     read_seconds: dict[str, float] = {}
+    write_targets: dict[str, list[str]] = {}
     bare = None
     try:
         base = f"http://127.0.0.1:{port}"
@@ -426,11 +491,13 @@ def run(args: argparse.Namespace) -> int:
         for name, paths, _ in reads:
             if wanted(name):
                 measure(name, paths, None)
-        if driver == "wrk":
-            for kind in writes:
-                if not wanted(f"write: {kind}"):
-                    continue
+        for kind in writes:
+            if wanted(f"write: {kind}"):
                 targets = ids["open_conversations"] if kind == "status" else convs[:1000]
+                write_targets[f"write: {kind}"] = targets
+        if driver == "wrk":  # (the Python driver cannot run the write scripts)
+            for name, targets in write_targets.items():
+                kind = name.removeprefix("write: ")
                 id_list = ", ".join(json.dumps(c) for c in targets)
                 script = LUA_WRITE % (id_list, kind, ids["owner_id"])
                 measure(f"write: {kind}", None, script, reset=targets)
@@ -441,6 +508,10 @@ def run(args: argparse.Namespace) -> int:
             bare.terminate()
             bare.wait(15)
     floors = {name: floor_us(data, ids, *spec) for name, _, spec in reads if name in results}
+    write_floors = {
+        name: write_floor_us(data, ids, name.removeprefix("write: "), targets)
+        for name, targets in write_targets.items()
+    }
     search = search_latency(data, ids)
     median = sorted(c["rps"] for c in ceilings.values())[len(ceilings) // 2] if ceilings else 0.0
     rows = [
@@ -459,6 +530,9 @@ def run(args: argparse.Namespace) -> int:
         if name in patch_ceilings:
             patch = patch_ceilings[name]["rps"]
             floor = f"; bare PATCH {patch:,.0f}: {r['rps'] / patch:.0%}"
+        if name in write_floors:
+            alone, batched = write_floors[name].values()
+            floor += f"; floor {alone:.0f} us alone, {batched:.0f} us batched"
         rows.append(
             (
                 name,
@@ -466,6 +540,12 @@ def run(args: argparse.Namespace) -> int:
                 share + floor + errors,
             )
         )
+    for name, figures in write_floors.items():
+        if name not in results:  # (not loaded over HTTP without wrk)
+            alone, batched = figures.values()
+            rows.append(
+                (f"{name}, store floor only", "", f"{alone:.0f} us alone, {batched:.0f} us batched")
+            )
     if read_seconds:
         rows.append(
             (
@@ -495,6 +575,7 @@ def run(args: argparse.Namespace) -> int:
             "sized_ceilings": sized_ceilings,
             "response_bytes": sizes,
             "floor_us": floors,
+            "write_floor_us": write_floors,
             "startup_seconds": startup,
             "search_latency": search,
             "read_through_seconds": read_seconds,

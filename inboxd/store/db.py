@@ -388,7 +388,7 @@ def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
 
 
 @attrs.define(eq=False)
-class _WriteRequest:
+class WriteRequest:
     fn: Callable[..., Any]
     args: tuple[object, ...]
     # (user pk, Idempotency-Key) to mark applied with the change, for the request's change.
@@ -433,7 +433,7 @@ def writer_connection(path: Path) -> JournalConnection:
     return conn
 
 
-def run_batch(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
+def run_batch(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
     """``batch`` in one transaction, a savepoint per write, then the COMMIT: each request ends
     with its result or its error (all of them with the transaction's, if that fails)."""
     _writes_then_commit(conn, batch, batch, begin=True)
@@ -441,8 +441,8 @@ def run_batch(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
 
 def _writes_then_commit(
     conn: sqlite3.Connection,
-    writes: list[_WriteRequest],
-    batch: list[_WriteRequest],
+    writes: list[WriteRequest],
+    batch: list[WriteRequest],
     begin: bool = False,
 ) -> None:
     """``writes`` (the batch's, or the rest of them) in the batch's transaction, then the
@@ -459,7 +459,7 @@ def _writes_then_commit(
     _commit_batch(conn, batch)
 
 
-def run_writes(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
+def run_writes(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
     """Each write of the batch in its own savepoint, inside the open transaction; a write
     that raises an ``Exception`` is undone alone and keeps its error."""
     try:
@@ -486,7 +486,7 @@ def run_writes(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
         conn.appended, conn.wakes = [], set()  # type: ignore[attr-defined]
 
 
-def _commit_batch(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
+def _commit_batch(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
     """COMMIT the open transaction (this is where SQLite fsyncs)."""
     if not conn.in_transaction:  # the batch failed as a whole; errors are set
         return
@@ -498,7 +498,7 @@ def _commit_batch(conn: sqlite3.Connection, batch: list[_WriteRequest]) -> None:
             raise
 
 
-def fail_batch(conn: sqlite3.Connection, batch: list[_WriteRequest], exc: BaseException) -> None:
+def fail_batch(conn: sqlite3.Connection, batch: list[WriteRequest], exc: BaseException) -> None:
     """The transaction failed: roll back; nothing of the batch is durable."""
     _lift_deadline(conn)
     if conn.in_transaction:
@@ -549,7 +549,7 @@ class Store:
         self._wal_header = wal_index_header(self.path, self._version_conn)
         # Held by the leader of the batch under way (and briefly by checkpoint_forever).
         self._write_limiter = trio.CapacityLimiter(1)
-        self._pending: list[_WriteRequest] = []  # writes no batch has taken yet
+        self._pending: list[WriteRequest] = []  # writes no batch has taken yet
         self._next_leader = False  # a pending write is queued for the writer
         self._leader_changed = trio.Event()  # set (and replaced) when that place frees up
         self.batches = 0  # transactions committed by write(): each holds one or more writes
@@ -685,7 +685,7 @@ class Store:
         mark = IDEMPOTENT_WRITE.get()
         if mark is not None:
             IDEMPOTENT_WRITE.set(None)  # the request's one change; later writes are bookkeeping
-        request = _WriteRequest(fn, args, mark)
+        request = WriteRequest(fn, args, mark)
         self._pending.append(request)
         try:
             # One waiting write at a time queues for the writer: the next batch's leader. The
@@ -754,24 +754,24 @@ class Store:
         finally:
             ended.set()  # in one go: each write of the batch returns its own outcome
 
-    def _run_batch(self, batch: list[_WriteRequest]) -> None:
+    def _run_batch(self, batch: list[WriteRequest]) -> None:
         """One transaction, a savepoint per write (in a worker thread, or inline on MockClock)."""
         conn = self._writer
         conn.wait_when_busy(BUSY_TIMEOUT_MS)  # here waiting for another process is fine
         conn.check_every(COARSE_STEPS if self._offload else FINE_STEPS)
         run_batch(conn, batch)
 
-    def _finish_batch(self, batch: list[_WriteRequest], done: int) -> None:
+    def _finish_batch(self, batch: list[WriteRequest], done: int) -> None:
         """In a worker thread: the batch's writes from ``done`` on, in the transaction the trio
         thread opened, then the COMMIT."""
         if self._writer.in_transaction:  # else the batch failed as a whole; errors are set
             self._writer.check_every(COARSE_STEPS)
             _writes_then_commit(self._writer, batch[done:], batch)
 
-    def _fail_batch(self, batch: list[_WriteRequest], exc: BaseException) -> None:
+    def _fail_batch(self, batch: list[WriteRequest], exc: BaseException) -> None:
         fail_batch(self._writer, batch, exc)
 
-    def _run_batch_inline(self, batch: list[_WriteRequest]) -> int | None:
+    def _run_batch_inline(self, batch: list[WriteRequest]) -> int | None:
         """Make the batch's changes on the trio thread, each write within the inline budget,
         leaving the transaction open for the caller to finish in a worker thread; how many
         writes were made (fewer than all when one of them read from the disk: the rest go to

@@ -44,7 +44,7 @@ import trio
 from inboxd.errors import ServiceUnavailable, StoreError
 
 if TYPE_CHECKING:
-    from inboxd.store.db import _WriteRequest
+    from inboxd.store.db import WriteRequest
 
 log = logging.getLogger("inboxd.store")
 
@@ -147,7 +147,7 @@ def serve(path: str) -> None:
             payload = _read_exact(stdin, _LENGTH.unpack(header)[0])
             if payload is None:
                 break
-            batch = [db._WriteRequest(fn, args, mark) for fn, args, mark in pickle.loads(payload)]
+            batch = [db.WriteRequest(fn, args, mark) for fn, args, mark in pickle.loads(payload)]
             db.run_batch(conn, batch)
             stdout.write(
                 _outcome_frame(
@@ -253,7 +253,7 @@ class WriterProcess:
                 raise BrokenPipeError("the writer process stopped")
             self._buffer += chunk
 
-    async def run(self, batch: list[_WriteRequest]) -> bool:
+    async def run(self, batch: list[WriteRequest]) -> bool:
         """Run ``batch`` in the child; each request gets its result or error, its journal
         events and its signals. Not cancellable midway: call it shielded. False (and nothing
         done) if no child ever started here: the caller runs the batch itself."""
