@@ -8,7 +8,23 @@ from __future__ import annotations
 
 import sqlite3
 
+from inboxd.store import messages
 from inboxd.store.db import Store
+
+
+def inbound_text(
+    channel_id: str, phone: str, content: str = "hi", name: str | None = None
+) -> messages.NewMessage:
+    """An inbound text message for ``messages.ingest``, from ``phone`` (and ``name``)."""
+    return messages.NewMessage(
+        channel_id=channel_id,
+        direction="INBOUND",
+        phone_number=phone,
+        contact_name=name,
+        contact_avatar=None,
+        type="TEXT",
+        content=content,
+    )
 
 
 def _user_pk(conn: sqlite3.Connection, user_id: str) -> int:

@@ -93,15 +93,7 @@ async def test_a_change_whose_response_was_lost_is_never_applied_twice(
     try:
         who = store.read_sync(accounts.authenticate, seeded.owner_key)
         assert who is not None
-        new = messages.NewMessage(
-            channel_id=seeded.sales_id,
-            direction="INBOUND",
-            phone_number="15550001",
-            contact_name=None,
-            contact_avatar=None,
-            type="TEXT",
-            content="hi",
-        )
+        new = arrange.inbound_text(seeded.sales_id, "15550001")
         conv = store.write_sync(messages.ingest, who, new, 1).message.conversation_id
         assert await store.write(idempotency.claim, who.user_pk, "k", b"fp", 1_000) is None
         IDEMPOTENT_WRITE.set((who.user_pk, "k"))

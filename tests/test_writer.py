@@ -21,6 +21,7 @@ from inboxd.store import accounts, actions, conversations, idempotency, messages
 from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
 from inboxd.store.writer import WriterProcess
 from tests import writer_helpers as helpers
+from tests.arrange import inbound_text
 from tests.conftest import Seed, auth, ingest, seed_store
 
 
@@ -162,15 +163,7 @@ async def test_the_idempotency_mark_commits_with_the_change_in_the_writer(
     request's change was made commits in that change's savepoint."""
     who = store.read_sync(accounts.authenticate, seed.owner_key)
     assert who is not None
-    new = messages.NewMessage(
-        channel_id=seed.sales_id,
-        direction="INBOUND",
-        phone_number="15550001",
-        contact_name=None,
-        contact_avatar=None,
-        type="TEXT",
-        content="hi",
-    )
+    new = inbound_text(seed.sales_id, "15550001")
     conv = (await store.write(messages.ingest, who, new, 1)).message.conversation_id
     assert await store.write(idempotency.claim, who.user_pk, "k", b"fp", 1_000) is None
     IDEMPOTENT_WRITE.set((who.user_pk, "k"))
@@ -187,15 +180,7 @@ async def test_results_come_back_equal_to_what_the_store_holds(store: Store, see
     what a write returns through the child equals the same value read in this process."""
     who = store.read_sync(accounts.authenticate, seed.owner_key)
     assert who is not None
-    new = messages.NewMessage(
-        channel_id=seed.sales_id,
-        direction="INBOUND",
-        phone_number="15550003",
-        contact_name="Carla",
-        contact_avatar=None,
-        type="TEXT",
-        content="hello",
-    )
+    new = inbound_text(seed.sales_id, "15550003", "hello", name="Carla")
     ingested = await store.write(messages.ingest, who, new, 5)
     conv_id = ingested.message.conversation_id
     assert ingested.message == store.read_sync(messages.load_one, ingested.message.pk)
