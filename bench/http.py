@@ -356,7 +356,8 @@ def write_floor_us(
     reset_for_writes(data, targets)
     store = Store.open(data, readers=1)
     conn = writer_connection(store.path)
-    try:
+    conn.execute("PRAGMA wal_autocheckpoint = 0")  # as in the writer process (the daemon's
+    try:  # checkpointer does that work, apart)
         who = store.read_sync(accounts.authenticate, ids["key"])
         n = 0
 

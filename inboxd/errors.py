@@ -22,7 +22,7 @@ itself with the right code without a second check in the route.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class InboxError(Exception):
@@ -36,6 +36,12 @@ class InboxError(Exception):
 
     def headers(self) -> dict[str, str]:
         return {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its class, message and attributes, whatever its constructor takes (the
+        # store's writer process sends errors back this way; RateLimited's retry_after is
+        # keyword-only, which the default pickling of exceptions cannot rebuild).
+        return _rebuild, (type(self), self.args, self.__dict__)
 
     def body(self) -> dict[str, object]:
         return {"error": {"code": self.code, "message": self.message}}
@@ -108,3 +114,10 @@ class RateLimited(InboxError):
 
 class StoreError(Exception):
     """A problem with the data directory itself (missing, newer schema, not a store)."""
+
+
+def _rebuild(cls: type[InboxError], args: tuple[Any, ...], state: dict[str, Any]) -> InboxError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import trio
 
 from inboxd import daemon
 from inboxd.config import Config
-from inboxd.errors import Conflict, ServiceUnavailable, StoreError
+from inboxd.errors import Conflict, InboxError, RateLimited, ServiceUnavailable, StoreError
 from inboxd.store import accounts, actions, conversations, idempotency, messages, writer
 from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
 from inboxd.store.writer import WriterProcess
@@ -216,8 +217,10 @@ async def test_the_daemon_writes_through_its_child_and_stops_it_on_shutdown(
                 seed.data_dir, config, shutdown, bind="127.0.0.1:0", task_status=task_status
             )
         )
-        children = writer_children()
-        assert len(children) == 1  # started with the daemon, before the first write
+        with trio.fail_after(10):  # started with the daemon, beside its other tasks
+            while not (children := writer_children()):  # noqa: ASYNC110 (another process)
+                await trio.sleep(0.01)
+        assert len(children) == 1
         async with httpx.AsyncClient(base_url=urls[0], headers=auth(seed.owner_key)) as client:
             conv = (await ingest(client, seed.sales_id, "15550002"))["conversationId"]
             r = await client.patch(
@@ -257,6 +260,9 @@ async def test_a_new_writer_that_does_not_start_fails_only_its_batch(
 ) -> None:
     first = await store.write(helpers.record_pid, 1)
     os.kill(first, signal.SIGKILL)
+    with trio.fail_after(10):
+        while not exited(first):  # noqa: ASYNC110 (polling another process)
+            await trio.sleep(0.01)
     monkeypatch.setattr(writer, "_CHILD", "import sys; sys.exit(4)")
     with pytest.raises(ServiceUnavailable) as exc:
         await store.write(helpers.record_pid, 2)
@@ -264,3 +270,80 @@ async def test_a_new_writer_that_does_not_start_fails_only_its_batch(
     monkeypatch.undo()
     assert await store.write(helpers.record_pid, 3) not in (first, None)
     assert [d["n"] for d in committed(store)] == [1, 3]
+
+
+async def test_what_a_write_prints_goes_to_stderr_not_into_the_pipe(
+    store: Store, capfd: pytest.CaptureFixture[str]
+) -> None:
+    child = await store.write(helpers.print_then_record, 1)
+    assert await store.write(helpers.record_pid, 2) == child  # still in step, same writer
+    assert [d["n"] for d in committed(store)] == [1, 2]
+    assert "debug: hello from write 1" in capfd.readouterr().err
+
+
+async def test_what_does_not_pickle_fails_only_its_own_write(store: Store) -> None:
+    outcomes: dict[int, object] = {}
+
+    async def one(n: int) -> None:
+        if n == 1:
+            fn, arg = helpers.record_pid, lambda: None  # an argument that does not pickle
+        elif n == 2:
+            fn, arg = helpers.return_unpicklable, n  # a result that does not pickle
+        else:
+            fn, arg = helpers.record_pid, n
+        try:
+            outcomes[n] = await store.write(fn, arg)
+        except StoreError as exc:
+            outcomes[n] = exc
+
+    async with trio.open_nursery() as nursery:
+        for n in range(4):
+            nursery.start_soon(one, n)
+    assert isinstance(outcomes[1], StoreError) and "cannot be sent" in str(outcomes[1])
+    assert isinstance(outcomes[2], StoreError) and "cannot be sent back" in str(outcomes[2])
+    child = store.writer_process.pid  # type: ignore[union-attr]
+    assert outcomes[0] == outcomes[3] == child  # the others committed, in the same writer
+    assert sorted(d["n"] for d in committed(store)) == [0, 3]  # write 2 was undone
+    assert store.writer_process.started == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Conflict("the contact is already blocked", code="already_blocked"),
+        RateLimited("slow down", retry_after=7),
+        ServiceUnavailable("busy", code="query_timeout"),
+    ],
+)
+def test_errors_survive_the_pipe_with_their_class_code_and_attributes(error: InboxError) -> None:
+    back = pickle.loads(writer._outcome_frame(error)[4:])
+    assert type(back) is type(error)
+    assert (back.message, back.code, back.headers(), back.body()) == (
+        error.message,
+        error.code,
+        error.headers(),
+        error.body(),
+    )
+    assert writer._picklable(error) is error  # sent as itself, not as a StoreError
+
+
+async def test_a_child_that_answers_garbage_at_start_is_not_used(
+    seed: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A whole frame that does not unpickle, then it waits: "not ready", at once.
+    monkeypatch.setattr(
+        writer,
+        "_CHILD",
+        "import sys, time; sys.stdout.buffer.write(b'\\x00\\x00\\x00\\x04abcd');"
+        " sys.stdout.flush(); time.sleep(30)",
+    )
+    s = Store.open(seed.data_dir, readers=1)
+    s.writer_process = WriterProcess(s.path)
+    try:
+        with trio.fail_after(10):
+            await s.writer_process.start()
+        assert s.writer_process.unavailable and writer_children() == []
+        assert (await s.write(helpers.record_pid, 1)) == os.getpid()  # written right here
+    finally:
+        await s.writer_process.aclose()
+        s.close()

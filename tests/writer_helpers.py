@@ -36,3 +36,15 @@ def raise_unpicklable(conn: sqlite3.Connection) -> None:
 def sleep_then_record(conn: sqlite3.Connection, seconds: float) -> None:
     events.append(conn, 1, None, "test.pid", {"n": -1, "pid": os.getpid()}, 1)
     time.sleep(seconds)
+
+
+def print_then_record(conn: sqlite3.Connection, n: int) -> int:
+    """A write that prints (to stdout, as a stray debug line or a library might)."""
+    print(f"debug: hello from write {n}")
+    return record_pid(conn, n)
+
+
+def return_unpicklable(conn: sqlite3.Connection, n: int) -> object:
+    """Write, then return something that does not pickle: the write must be undone alone."""
+    events.append(conn, 1, None, "test.pid", {"n": n, "pid": os.getpid()}, 1)
+    return lambda: n

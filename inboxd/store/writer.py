@@ -30,11 +30,14 @@ import contextlib
 import io
 import json
 import logging
+import os
 import pickle
 import signal
+import sqlite3
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
@@ -54,8 +57,13 @@ _CHILD: Final = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[2]);"
     " from inboxd.store.writer import serve; serve(sys.argv[1])"
 )
-# How long a new child may take to import, open the store and say it is ready.
+# How long a new child may take to import, open the store and say it is ready: the first one
+# (at start, beside the daemon's other tasks), and one replacing a child that died (a batch
+# waits for it, shielded, so it must stay well inside a service manager's stop timeout).
 READY_SECONDS: Final = 30.0
+RESPAWN_READY_SECONDS: Final = 10.0
+# A length past this means the pipe is out of step (nothing a write returns comes near it).
+MAX_FRAME: Final = 256 << 20
 _READY: Final = "ready"
 
 
@@ -117,6 +125,37 @@ def _picklable(exc: BaseException) -> BaseException:
 # -- the child -------------------------------------------------------------------------------
 
 
+@attrs.frozen
+class _PickledResult:
+    """A write function whose result is pickled inside the write's savepoint: a result that
+    does not pickle fails that write alone (undone) instead of the whole committed batch."""
+
+    fn: Callable[..., Any]
+
+    def __call__(self, conn: sqlite3.Connection, *args: object) -> bytes:
+        result = self.fn(conn, *args)
+        try:
+            return _outcome_frame(result)[_LENGTH.size :]
+        except Exception as exc:
+            raise StoreError(
+                f"the result of {self.fn.__qualname__} cannot be sent back: {exc}"
+            ) from None
+
+
+def _refuse(conn: sqlite3.Connection, error: Exception) -> None:
+    raise error
+
+
+def _request(db: Any, data: bytes) -> Any:
+    """One write of a batch, from its pickle (a write that does not unpickle here fails
+    alone)."""
+    try:
+        fn, args, mark = pickle.loads(data)
+    except Exception as exc:
+        return db.WriteRequest(_refuse, (StoreError(f"a write could not be read: {exc}"),))
+    return db.WriteRequest(_PickledResult(fn), args, mark)
+
+
 def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
     data = stream.read(n)
     if len(data) < n:  # EOF: the daemon is gone or stopping
@@ -139,7 +178,12 @@ def serve(path: str) -> None:
     # The daemon's checkpointer copies the WAL into the database (Store.checkpoint_forever):
     # this connection's COMMITs only append to the WAL and fsync it.
     conn.execute("PRAGMA wal_autocheckpoint = 0")
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # The frames get a descriptor of their own; whatever else writes to stdout (a print, a
+    # library) goes to stderr instead of into them.
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    stdin = sys.stdin.buffer
     stdout.write(_frame(_READY))
     stdout.flush()
     try:
@@ -147,7 +191,7 @@ def serve(path: str) -> None:
             payload = _read_exact(stdin, _LENGTH.unpack(header)[0])
             if payload is None:
                 break
-            batch = [db.WriteRequest(fn, args, mark) for fn, args, mark in pickle.loads(payload)]
+            batch = [_request(db, data) for data in pickle.loads(payload)]
             db.run_batch(conn, batch)
             stdout.write(
                 _outcome_frame(
@@ -208,6 +252,8 @@ class WriterProcess:
 
     async def _ensure_started(self) -> trio.Process:
         async with self._spawning:
+            if self.unavailable:  # (a start that failed while this waited for the lock)
+                raise OSError("the writer process could not start here")
             if self._process is not None and self._process.poll() is not None:
                 await self._lost(BrokenPipeError("it exited between two batches"))
             if self._process is None:
@@ -224,8 +270,8 @@ class WriterProcess:
         said: object = None
         try:
             with (
-                trio.move_on_after(READY_SECONDS),
-                contextlib.suppress(OSError, trio.BrokenResourceError, pickle.UnpicklingError),
+                trio.move_on_after(RESPAWN_READY_SECONDS if self.started else READY_SECONDS),
+                contextlib.suppress(Exception),  # whatever it said (or did), it is not ready
             ):
                 said = pickle.loads(await self._receive(process))
         except BaseException:  # cancelled (the daemon stopping as it starts): no child left
@@ -243,7 +289,10 @@ class WriterProcess:
         while True:
             if len(self._buffer) >= need:
                 if need == _LENGTH.size:
-                    need += _LENGTH.unpack_from(self._buffer)[0]
+                    length = _LENGTH.unpack_from(self._buffer)[0]
+                    if length > MAX_FRAME:
+                        raise BrokenPipeError(f"out of step (a frame of {length} bytes)")
+                    need += length
                     continue
                 data = bytes(self._buffer[_LENGTH.size : need])
                 del self._buffer[:need]
@@ -259,26 +308,49 @@ class WriterProcess:
         done) if no child ever started here: the caller runs the batch itself."""
         if self.unavailable:
             return False
+        sent, payload = [], []
+        for r in batch:  # each on its own: one that does not pickle fails alone
+            try:
+                payload.append(pickle.dumps((r.fn, r.args, r.mark), pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                r.error = StoreError(f"{r.fn.__qualname__} cannot be sent to the writer: {exc}")
+            else:
+                sent.append(r)
+        if not sent:
+            return True
         try:
             try:
                 process = await self._ensure()
             except OSError:
                 if self.unavailable:
+                    for r in batch:
+                        r.error = None
                     return False
                 raise
             assert process.stdin is not None
-            await process.stdin.send_all(_frame([(r.fn, r.args, r.mark) for r in batch]))
-            outcomes: list[Any] = pickle.loads(await self._receive(process))
+            await process.stdin.send_all(_frame(payload))
+            reply = await self._receive(process)
+            try:
+                outcomes: list[Any] = pickle.loads(reply)
+                if len(outcomes) != len(sent):
+                    raise ValueError(f"{len(outcomes)} outcomes for {len(sent)} writes")
+            except Exception as exc:  # out of step: a new child starts on the next batch
+                raise BrokenPipeError(f"an answer that could not be read: {exc}") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             await self._lost(exc)
-            for r in batch:
+            for r in sent:
                 r.error = ServiceUnavailable(
                     "the store's writer stopped; the change may or may not have been made",
                     code="writer_stopped",
                 )
             return True
-        for r, (result, error, appended, wakes) in zip(batch, outcomes, strict=True):
-            r.result, r.error, r.appended, r.wakes = result, error, appended, wakes
+        for r, (result, error, appended, wakes) in zip(sent, outcomes, strict=True):
+            r.error, r.appended, r.wakes = error, appended, wakes
+            if error is None:
+                try:
+                    r.result = pickle.loads(result)
+                except Exception as exc:  # committed, but its result cannot be built here
+                    r.error = StoreError(f"the result of {r.fn.__qualname__} is unreadable: {exc}")
         return True
 
     async def _lost(self, exc: BaseException) -> None:
