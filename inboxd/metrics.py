@@ -40,6 +40,7 @@ class _StoreCounters(Collector):
 
     def __init__(self) -> None:
         self.loop_disk_waits = 0
+        self.writer_starts = 0
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -47,6 +48,12 @@ class _StoreCounters(Collector):
             "Reads and writes on the trio thread that had to read from the disk; each sends its"
             " kind of read or write to worker threads for a second (inboxd/store/db.py).",
             value=self.loop_disk_waits,
+        )
+        yield CounterMetricFamily(
+            "inboxd_store_writer_starts",
+            "Writer processes started (inboxd/store/writer.py): 1 once it is up, one more for"
+            " each that died and was replaced; 0 while the daemon writes from its own process.",
+            value=self.writer_starts,
         )
 
 
@@ -124,8 +131,10 @@ class Metrics:
         feed_clients: int,
         supervisors: int,
         loop_disk_waits: int,
+        writer_starts: int = 0,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
+        self._store.writer_starts = writer_starts
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))
         self.feed_clients.set(feed_clients)

@@ -113,5 +113,10 @@ async def test_the_process_and_its_garbage_collector_are_exported(anon: httpx.As
     assert value(after, "process_resident_memory_bytes") > 10 * 2**20
     assert value(after, "process_open_fds") > 0
     assert ("inboxd_store_loop_disk_waits_total", frozenset()) in after  # db.py's count
+    # The daemon's writer process: it starts beside the daemon's other tasks.
+    with trio.fail_after(10):
+        while value(after, "inboxd_store_writer_starts_total") != 1:
+            await trio.sleep(0.05)
+            after = await scrape(anon)
     # An in-process daemon (tests) never freezes the heap: only `inboxd serve` does (test_cli).
     assert value(after, "inboxd_gc_frozen_objects") == gc.get_freeze_count()

@@ -47,6 +47,7 @@ async def metrics() -> Response:
         feed_clients=0 if st.feed_hub is None else len(st.feed_hub.clients),
         supervisors=0 if st.channel_hub is None else st.channel_hub.supervisors,
         loop_disk_waits=st.store.loop_disk_waits,
+        writer_starts=0 if st.store.writer_process is None else st.store.writer_process.started,
     )
     return Response(body, content_type=CONTENT_TYPE)
 
