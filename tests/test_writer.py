@@ -10,6 +10,7 @@ import pickle
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -81,21 +82,30 @@ async def test_writes_run_in_the_child_and_bring_back_results_events_and_signals
     assert store.writer_process.started == 1
 
 
+async def concurrently(store: Store, writes: list[tuple[Any, object]]) -> dict[int, object]:
+    """Each ``(fn, arg)`` written at once (so that they share batches): by index, its result
+    or the error it raised."""
+    outcomes: dict[int, object] = {}
+
+    async def one(i: int, fn: Any, arg: object) -> None:
+        try:
+            outcomes[i] = await store.write(fn, arg)
+        except Exception as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i, (fn, arg) in enumerate(writes):
+            nursery.start_soon(one, i, fn, arg)
+    return outcomes
+
+
 async def test_a_failing_write_is_undone_alone_and_its_error_comes_back_as_raised(
     store: Store,
 ) -> None:
-    outcomes: dict[int, object] = {}
-
-    async def one(n: int) -> None:
-        fn = helpers.refuse_after_writing if n == 1 else helpers.record_pid
-        try:
-            outcomes[n] = await store.write(fn, n)
-        except Conflict as exc:
-            outcomes[n] = exc
-
-    async with trio.open_nursery() as nursery:
-        for n in range(3):
-            nursery.start_soon(one, n)
+    outcomes = await concurrently(
+        store,
+        [(helpers.refuse_after_writing if n == 1 else helpers.record_pid, n) for n in range(3)],
+    )
     refused = outcomes[1]
     assert isinstance(refused, Conflict)
     assert (refused.code, refused.message) == ("test_refused", "write 1 refuses")
@@ -282,23 +292,15 @@ async def test_what_a_write_prints_goes_to_stderr_not_into_the_pipe(
 
 
 async def test_what_does_not_pickle_fails_only_its_own_write(store: Store) -> None:
-    outcomes: dict[int, object] = {}
-
-    async def one(n: int) -> None:
-        if n == 1:
-            fn, arg = helpers.record_pid, lambda: None  # an argument that does not pickle
-        elif n == 2:
-            fn, arg = helpers.return_unpicklable, n  # a result that does not pickle
-        else:
-            fn, arg = helpers.record_pid, n
-        try:
-            outcomes[n] = await store.write(fn, arg)
-        except StoreError as exc:
-            outcomes[n] = exc
-
-    async with trio.open_nursery() as nursery:
-        for n in range(4):
-            nursery.start_soon(one, n)
+    outcomes = await concurrently(
+        store,
+        [
+            (helpers.record_pid, 0),
+            (helpers.record_pid, lambda: None),  # an argument that does not pickle
+            (helpers.return_unpicklable, 2),  # a result that does not pickle
+            (helpers.record_pid, 3),
+        ],
+    )
     assert isinstance(outcomes[1], StoreError) and "cannot be sent" in str(outcomes[1])
     assert isinstance(outcomes[2], StoreError) and "cannot be sent back" in str(outcomes[2])
     child = store.writer_process.pid  # type: ignore[union-attr]
