@@ -349,3 +349,19 @@ async def test_a_child_that_answers_garbage_at_start_is_not_used(
     finally:
         await s.writer_process.aclose()
         s.close()
+
+
+async def test_a_writer_running_other_code_than_the_daemon_is_not_used(store: Store) -> None:
+    """A new version installed under the running daemon: the replacement of a writer that died
+    would run the new code, so the daemon writes from its own process until it restarts."""
+    assert store.writer_process is not None
+    first = await store.write(helpers.record_pid, 1)
+    os.kill(first, signal.SIGKILL)
+    with trio.fail_after(10):
+        while not exited(first):  # noqa: ASYNC110 (polling another process)
+            await trio.sleep(0.01)
+    store.writer_process.fingerprint = "the code the daemon started with"  # not what is on disk
+    assert await store.write(helpers.record_pid, 2) == os.getpid()  # written right here
+    assert store.writer_process.unavailable and store.writer_process.started == 1
+    assert writer_children() == []
+    assert [d["n"] for d in committed(store)] == [1, 2]

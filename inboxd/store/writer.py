@@ -17,7 +17,8 @@ A new child gets the daemon's ``sys.path`` and says it is ready once it has impo
 the store (within ``READY_SECONDS``). The daemon starts it beside its other tasks; the first
 batch waits for it. Should the first child not start at all (no processes allowed here, say),
 ``unavailable`` is set, logged, and the store writes from the daemon's own process as it did
-before the writer existed.
+before the writer existed. So it does when a child would run other code than the daemon (a new
+version installed under it): "ready" carries a digest of inboxd's files (``code_fingerprint``).
 
 The child ends when its stdin closes (the daemon stopping) after finishing the batch it is on.
 If it dies, the batch it was running fails with ``ServiceUnavailable`` ``writer_stopped`` (its
@@ -27,6 +28,7 @@ fate is unknown to the daemon: it may have committed) and the next batch starts 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -65,6 +67,23 @@ RESPAWN_READY_SECONDS: Final = 10.0
 # A length past this means the pipe is out of step (nothing a write returns comes near it).
 MAX_FRAME: Final = 256 << 20
 _READY: Final = "ready"
+
+
+def code_fingerprint() -> str:
+    """A digest of inboxd's source files as they are on disk now. The daemon takes it once
+    when it starts; a child reports its own with "ready". They differ when a new version was
+    installed under the running daemon: a child would then run other code than the daemon
+    that pickles its writes (other classes, other SQL for the same schema)."""
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(str(source.relative_to(package)).encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+class CodeChanged(OSError):
+    """A new child's code is not the daemon's (a new version installed since it started)."""
 
 
 def _frame(obj: object) -> bytes:
@@ -184,7 +203,7 @@ def serve(path: str) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     stdin = sys.stdin.buffer
-    stdout.write(_frame(_READY))
+    stdout.write(_frame((_READY, code_fingerprint())))
     stdout.flush()
     try:
         while (header := _read_exact(stdin, _LENGTH.size)) is not None:
@@ -224,9 +243,11 @@ class WriterProcess:
         self._spawning = trio.Lock()  # start() may run beside the first batch
         self._buffer = bytearray()
         self.started = 0  # children started so far
-        # The first child did not start (no processes allowed here, say): run() refuses every
-        # batch, and the store writes from the daemon's own process as it did before.
+        # The first child did not start (no processes allowed here, say), or a new one would
+        # run other code (CodeChanged): run() refuses every batch, and the store writes from
+        # the daemon's own process as it did before the writer.
         self.unavailable = False
+        self.fingerprint = code_fingerprint()  # the code this daemon runs
 
     @property
     def pid(self) -> int | None:
@@ -242,10 +263,11 @@ class WriterProcess:
         try:
             return await self._ensure_started()
         except OSError as exc:
-            if self.started == 0 and not self.unavailable:
+            if (self.started == 0 or isinstance(exc, CodeChanged)) and not self.unavailable:
                 self.unavailable = True
                 log.warning(
-                    "could not start the store's writer process; writing from the daemon's own",
+                    "could not start the store's writer process; writing from the daemon's own"
+                    " until it restarts",
                     extra={"error": f"{type(exc).__name__}: {exc}"},
                 )
             raise
@@ -277,8 +299,10 @@ class WriterProcess:
         except BaseException:  # cancelled (the daemon stopping as it starts): no child left
             await _end(process)
             raise
-        if said != _READY:
+        if said != (_READY, self.fingerprint):
             status = await _end(process)
+            if isinstance(said, tuple) and said[:1] == (_READY,):
+                raise CodeChanged("inboxd's files changed since the daemon started")
             raise OSError(f"the writer process did not start (exit status {status})")
         self.started += 1
         return process
