@@ -9,6 +9,9 @@ request (/proc). The cached daemon's share is what a write makes with no store w
 the rest of a write is HTTP, the body, the key and the answer. Since the writer process (store/
 writer.py) took the store's work off the trio thread, what is left between the real daemon and
 the cached one is the hand-off: the batch's pickles, the pipe and the group commit's bookkeeping.
+Beside each: how busy the serving thread was, and for the real daemon its writer process's CPU
+per write (/proc). Also times the hand-off itself, one thread, idle: pickling a title write as
+the daemon sends it, and reading its answer as the writer sends it back.
 
 Also times ``Store.commit_stamp`` both ways on the store (the WAL index header SQLite has
 mapped, and the ``PRAGMA data_version`` fallback), the check every authenticated request makes.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import pickle
 import shutil
 import statistics
 import tempfile
@@ -30,7 +34,8 @@ from bench.ab import _stop, store_copies
 from bench.common import report, thread_cpu_seconds
 from bench.feed import free_port, start, wait_http
 from bench.http import LUA_WRITE, pick, reset_for_writes, run_python, run_wrk
-from inboxd.store.db import Store
+from inboxd.store import accounts, actions, writer
+from inboxd.store.db import Store, WriteRequest, run_batch, writer_connection
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,6 +64,52 @@ def stamp_costs(data: Path, calls: int = 100_000) -> dict[str, float]:
         store.close()
 
 
+def handoff_costs(data: Path, ids: dict[str, Any], calls: int = 20_000) -> dict[str, float]:
+    """Microseconds the trio thread spends handing a title write to the writer process and
+    reading its outcome back, as store/writer.py does it (one thread, idle): the request's
+    pickle, then the answer's frame and the result inside it."""
+    store = Store.open(data, readers=1)
+    conn = writer_connection(store.path)
+    try:
+        who = store.read_sync(accounts.authenticate, ids["key"])
+        args = (who, ids["conversations"][0], f"handoff {time.time_ns()}", time.time_ns() // 1000)
+        request = WriteRequest(writer._PickledResult(actions.rename), args)
+        run_batch(conn, [request])
+        if request.error is not None:
+            raise RuntimeError(f"hand-off: {request.error!r}")
+        answer = writer.outcome_pickle([(request.result, None, request.appended, request.wakes)])
+        started = time.perf_counter()
+        for _ in range(calls):
+            pickle.dumps((actions.rename, args, None), pickle.HIGHEST_PROTOCOL)
+        sent = time.perf_counter()
+        for _ in range(calls):
+            pickle.loads(pickle.loads(answer)[0][0])
+        read = time.perf_counter()
+        return {
+            "request_us": (sent - started) / calls * 1e6,
+            "outcome_us": (read - sent) / calls * 1e6,
+            "outcome_bytes": len(answer),
+        }
+    finally:
+        conn.close()
+        store.close()
+
+
+def writer_child(pid: int) -> int | None:
+    """The pid of the daemon ``pid``'s writer process (store/writer.py), if it has one."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"inboxd.store.writer" in cmdline:
+            return int(entry.name)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     source = Path(args.data)
     ids = pick(source)
@@ -72,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         stores = store_copies(cleanup, source, work, ("real", "cached"))
         cleanup.callback(_stop, servers)
         stamps = stamp_costs(stores["real"])
+        handoff = handoff_costs(stores["real"], ids)
         ports = {name: free_port() for name in ("real", "cached", "bare")}
         env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"}
         modules = {"real": "inboxd", "cached": "bench.cached_writes"}
@@ -79,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
             command = ["-m", module, "serve", "--data", str(stores[name])]
             servers[name] = start([*command, "--bind", f"127.0.0.1:{ports[name]}"], env)
             wait_http(f"http://127.0.0.1:{ports[name]}/readyz", process=servers[name])
+        deadline = time.monotonic() + 10  # it starts beside the daemon's other tasks
+        while (writer_pid := writer_child(servers["real"].pid)) is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         servers["bare"] = start(["-m", "bench.bare", str(ports["bare"])])
         wait_http(f"http://127.0.0.1:{ports['bare']}/healthz")
 
@@ -88,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             if name != "bare":
                 reset_for_writes(stores[name], convs)  # every rename a real change
             before = thread_cpu_seconds(servers[name].pid)
+            child = writer_pid if name == "real" else None
+            child_before = 0.0 if child is None else thread_cpu_seconds(child)
             if name == "bare":
                 url, key, lua = f"{base}/ceiling", None, None
                 paths: list[str] = []
@@ -104,7 +163,13 @@ def run(args: argparse.Namespace) -> int:
                     body=lambda i: json.dumps({"title": f"t{i}"}).encode(),
                 )  # fmt: skip
             cpu = thread_cpu_seconds(servers[name].pid) - before
-            figures["cpu_us_per_request"] = cpu / (figures["rps"] * args.seconds) * 1e6
+            requests = figures["rps"] * args.seconds
+            figures["cpu_us_per_request"] = cpu / requests * 1e6
+            figures["thread_busy"] = cpu / args.seconds
+            if child is not None:
+                figures["writer_cpu_us_per_request"] = (
+                    (thread_cpu_seconds(child) - child_before) / requests * 1e6
+                )
             return figures
 
         for name in ("real", "cached"):  # warm-up: first uses, and the cache's first renames
@@ -121,7 +186,14 @@ def run(args: argparse.Namespace) -> int:
     ):
         rps = [r[name]["rps"] for r in rounds]
         cpu = [r[name]["cpu_us_per_request"] for r in rounds]
-        note = f"CPU per request {min(cpu):,.0f}-{max(cpu):,.0f} us"
+        busy = [r[name]["thread_busy"] for r in rounds]
+        note = (
+            f"CPU per request {min(cpu):,.0f}-{max(cpu):,.0f} us, serving thread busy"
+            f" {min(busy):.0%}-{max(busy):.0%}"
+        )
+        if name == "real" and writer_pid is not None:
+            child = [r[name]["writer_cpu_us_per_request"] for r in rounds]
+            note += f"; writer process CPU per write {min(child):,.0f}-{max(child):,.0f} us"
         if name != "bare":
             shares = [r[name]["rps"] / r["bare"]["rps"] for r in rounds]
             note = (
@@ -134,5 +206,23 @@ def run(args: argparse.Namespace) -> int:
     for way, us in stamps.items():
         what = "WAL index header" if way == "wal_index" else "PRAGMA data_version (fallback)"
         table.append((f"commit_stamp: {what}", f"{us:.2f} us", "per call, one thread, idle"))
-    report("bound", table, {"args": vars(args), "rounds": rounds, "commit_stamp_us": stamps})
+    table.append(
+        (
+            "writer hand-off: request / outcome",
+            f"{handoff['request_us']:.1f} / {handoff['outcome_us']:.1f} us",
+            f"pickling a title write, reading its answer ({handoff['outcome_bytes']:,.0f} bytes);"
+            " per write, one thread, idle",
+        )
+    )
+    report(
+        "bound",
+        table,
+        {
+            "args": vars(args),
+            "rounds": rounds,
+            "commit_stamp_us": stamps,
+            "handoff": handoff,
+            "writer_pid_found": writer_pid is not None,
+        },
+    )
     return 0

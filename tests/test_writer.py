@@ -200,6 +200,14 @@ async def test_results_come_back_equal_to_what_the_store_holds(store: Store, see
     assert assigned.assigned_user is not None and assigned.assigned_user.id == seed.ann_id
 
 
+def written_bytes(pid: int) -> int:
+    """How many bytes process ``pid`` has written so far (write calls of any kind)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no wchar in /proc/{pid}/io")
+
+
 def writer_children() -> list[int]:
     """The pids of this process's writer children still running (not yet exited)."""
     found = []
@@ -233,10 +241,14 @@ async def test_the_daemon_writes_through_its_child_and_stops_it_on_shutdown(
         assert len(children) == 1
         async with httpx.AsyncClient(base_url=urls[0], headers=auth(seed.owner_key)) as client:
             conv = (await ingest(client, seed.sales_id, "15550002"))["conversationId"]
+            before = written_bytes(children[0])
             r = await client.patch(
                 f"/api/v1/inbox/conversations/{conv}/title", json={"title": "From the child"}
             )
             assert r.status_code == 200 and r.json()["title"] == "From the child"
+        # The child wrote it: its SQL and COMMIT (the WAL, its fsync) and its answer on the
+        # pipe are its own writes (/proc's wchar counts every byte a process writes).
+        assert written_bytes(children[0]) > before + 4096
         assert writer_children() == children
         shutdown.set()
     assert writer_children() == []  # closed with the daemon, not left behind
@@ -318,7 +330,7 @@ async def test_what_does_not_pickle_fails_only_its_own_write(store: Store) -> No
     ],
 )
 def test_errors_survive_the_pipe_with_their_class_code_and_attributes(error: InboxError) -> None:
-    back = pickle.loads(writer._outcome_frame(error)[4:])
+    back = pickle.loads(writer.outcome_pickle(error))
     assert type(back) is type(error)
     assert (back.message, back.code, back.headers(), back.body()) == (
         error.message,

@@ -124,18 +124,16 @@ class _OutcomePickler(pickle.Pickler):
         return NotImplemented
 
 
-def _outcome_frame(obj: object) -> bytes:
+def outcome_pickle(obj: object) -> bytes:
+    """``obj`` pickled as the child sends its answers (attrs values by ``_OutcomePickler``)."""
     buffer = io.BytesIO()
-    buffer.write(bytes(_LENGTH.size))
     _OutcomePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    data = buffer.getbuffer()
-    _LENGTH.pack_into(data, 0, len(data) - _LENGTH.size)
-    return bytes(data)
+    return buffer.getvalue()
 
 
 def _picklable(exc: BaseException) -> BaseException:
     try:
-        pickle.loads(_outcome_frame(exc)[_LENGTH.size :])
+        pickle.loads(outcome_pickle(exc))
     except Exception:
         return StoreError(f"{type(exc).__name__}: {exc}")
     return exc
@@ -154,7 +152,7 @@ class _PickledResult:
     def __call__(self, conn: sqlite3.Connection, *args: object) -> bytes:
         result = self.fn(conn, *args)
         try:
-            return _outcome_frame(result)[_LENGTH.size :]
+            return outcome_pickle(result)
         except Exception as exc:
             raise StoreError(
                 f"the result of {self.fn.__qualname__} cannot be sent back: {exc}"
@@ -212,19 +210,19 @@ def serve(path: str) -> None:
                 break
             batch = [_request(db, data) for data in pickle.loads(payload)]
             db.run_batch(conn, batch)
-            stdout.write(
-                _outcome_frame(
-                    [
-                        (
-                            r.result,
-                            None if r.error is None else _picklable(r.error),
-                            r.appended,
-                            r.wakes,
-                        )
-                        for r in batch
-                    ]
-                )
+            answer = outcome_pickle(
+                [
+                    (
+                        r.result,
+                        None if r.error is None else _picklable(r.error),
+                        r.appended,
+                        r.wakes,
+                    )
+                    for r in batch
+                ]
             )
+            stdout.write(_LENGTH.pack(len(answer)))
+            stdout.write(answer)
             stdout.flush()
     finally:
         conn.close()
