@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             before = thread_cpu_seconds(servers[name].pid)
             child = writer_pid if name == "real" else None
             child_before = 0.0 if child is None else thread_cpu_seconds(child)
+            started = time.perf_counter()
             if name == "bare":
                 url, key, lua = f"{base}/ceiling", None, None
                 paths: list[str] = []
@@ -163,9 +164,10 @@ def run(args: argparse.Namespace) -> int:
                     body=lambda i: json.dumps({"title": f"t{i}"}).encode(),
                 )  # fmt: skip
             cpu = thread_cpu_seconds(servers[name].pid) - before
+            elapsed = time.perf_counter() - started  # (the driver's start and end included)
             requests = figures["rps"] * args.seconds
             figures["cpu_us_per_request"] = cpu / requests * 1e6
-            figures["thread_busy"] = cpu / args.seconds
+            figures["thread_busy"] = cpu / elapsed
             if child is not None:
                 figures["writer_cpu_us_per_request"] = (
                     (thread_cpu_seconds(child) - child_before) / requests * 1e6
