@@ -116,6 +116,16 @@ async def test_a_failing_write_is_undone_alone_and_its_error_comes_back_as_raise
     assert (await store.write(helpers.record_pid, 3)) == store.writer_process.pid  # type: ignore[union-attr]
 
 
+async def test_a_batch_and_an_answer_larger_than_the_pipe_go_through(store: Store) -> None:
+    # The frames are written and read on the pipe's descriptors directly; a pipe holds 64 KiB,
+    # so these wait for room and read in many pieces.
+    blobs = [bytes([n]) * 300_000 for n in range(3)]
+    outcomes = await concurrently(store, [(helpers.echo_large, blob) for blob in blobs])
+    assert outcomes == {n: blob + blob for n, blob in enumerate(blobs)}
+    assert sorted(d["n"] for d in committed(store)) == [300_000] * 3
+    assert {d["pid"] for d in committed(store)} == {store.writer_process.pid}  # type: ignore[union-attr]
+
+
 def exited(pid: int) -> bool:
     """Whether the child ``pid`` has exited (and is not reaped yet: its state is Z)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"

@@ -48,3 +48,10 @@ def return_unpicklable(conn: sqlite3.Connection, n: int) -> object:
     """Write, then return something that does not pickle: the write must be undone alone."""
     events.append(conn, 1, None, "test.pid", {"n": n, "pid": os.getpid()}, 1)
     return lambda: n
+
+
+def echo_large(conn: sqlite3.Connection, blob: bytes) -> bytes:
+    """Journal a test event and return ``blob`` doubled: a batch and an answer larger than a
+    pipe holds at once."""
+    events.append(conn, 1, None, "test.pid", {"n": len(blob), "pid": os.getpid()}, 1)
+    return blob + blob

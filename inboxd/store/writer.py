@@ -306,7 +306,11 @@ class WriterProcess:
         return process
 
     async def _receive(self, process: trio.Process) -> bytes:
-        assert process.stdout is not None
+        """The next frame from the child, read from the pipe directly: trio's
+        ``receive_some`` would first yield to every other ready task (as ``_send`` says), and
+        the answer is usually there already when the task that waits for it runs."""
+        assert isinstance(process.stdout, trio.lowlevel.FdStream)
+        fd = process.stdout.fileno()
         need = _LENGTH.size
         while True:
             if len(self._buffer) >= need:
@@ -319,7 +323,11 @@ class WriterProcess:
                 data = bytes(self._buffer[_LENGTH.size : need])
                 del self._buffer[:need]
                 return data
-            chunk = await process.stdout.receive_some()
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(fd)
+                continue
             if not chunk:
                 raise BrokenPipeError("the writer process stopped")
             self._buffer += chunk
@@ -349,8 +357,7 @@ class WriterProcess:
                         r.error = None
                     return False
                 raise
-            assert process.stdin is not None
-            await process.stdin.send_all(_frame(payload))
+            await _send(process, _frame(payload))
             reply = await self._receive(process)
             try:
                 outcomes: list[Any] = pickle.loads(reply)
@@ -396,6 +403,20 @@ class WriterProcess:
             with trio.move_on_after(5):
                 await process.wait()
             await _end(process)
+
+
+async def _send(process: trio.Process, frame: bytes) -> None:
+    """``frame`` down the child's stdin, written at once: trio's ``send_all`` would first yield
+    to every other ready task (a checkpoint before the write), which under load is a few
+    milliseconds with the child idle (BENCHMARKS.md)."""
+    assert isinstance(process.stdin, trio.lowlevel.FdStream)
+    fd = process.stdin.fileno()
+    data = memoryview(frame)
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except BlockingIOError:  # the pipe is full (a batch past 64 KiB): wait for room
+            await trio.lowlevel.wait_writable(fd)
 
 
 async def _end(process: trio.Process) -> int:
