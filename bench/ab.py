@@ -6,7 +6,10 @@ revision, checked out into a temporary worktree) and the working tree, each on i
 the store, with the bare quart-trio ceiling, loading each in turn in short slices (the order
 alternating) after one unrecorded warm-up slice each, and reporting the median requests/s of
 each and the median of the per-slice ratios after / before (each pair ran back to back, so a
-drift of the machine moves both; a median ignores a slice that a hiccup spoiled).
+drift of the machine moves both; a median ignores a slice that a hiccup spoiled). Beside them,
+how busy each daemon's serving thread was (its CPU time over the slice's wall time, /proc): a
+change that leaves the thread waiting less (for the writer process, say) shows there even when
+the machine's noise hides it in requests/s.
 
 The store given must be one the baseline understands (its schema or older): both copies are
 made from it, and each daemon migrates its own. Needs wrk and git; the copies need free disk.
@@ -21,10 +24,11 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import baseline_worktree, loop_disk_waits, report
+from bench.common import baseline_worktree, loop_disk_waits, report, thread_cpu_seconds
 from bench.feed import ROOT, free_port, start, wait_http
 from bench.http import (
     LUA_BARE_PATCH,
@@ -168,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             seen: dict[str, list[float]] = {"before": [], "after": [], "bare": []}
             p99s: dict[str, list[float]] = {"before": [], "after": [], "bare": []}
             errors = {"before": 0.0, "after": 0.0}
+            busy: dict[str, list[float]] = {"before": [], "after": []}
             for who in ("before", "after"):  # warm-up: page cache, first-use costs
                 if targets:
                     reset_for_writes(stores[who], targets)
@@ -182,7 +187,12 @@ def run(args: argparse.Namespace) -> int:
                     if targets:  # every write a real change: both stores start each slice alike
                         reset_for_writes(stores[who], targets)
                     url = f"http://127.0.0.1:{ports[who]}{path}"
+                    cpu, started = thread_cpu_seconds(daemons[who].pid), time.perf_counter()
                     result = load(url, paths.get(row, ""), ids["key"], script)
+                    busy[who].append(
+                        (thread_cpu_seconds(daemons[who].pid) - cpu)
+                        / (time.perf_counter() - started)
+                    )
                     seen[who].append(result["rps"])
                     p99s[who].append(result["p99_ms"])
                     errors[who] += result["non_2xx"]
@@ -198,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
                 "slices": seen,
                 "p99_slices": p99s,
                 "non_2xx": errors,
+                "thread_busy": {k: statistics.median(v) for k, v in busy.items()},
+                "thread_busy_slices": busy,
             }
         # Reads and writes that waited for the disk on the trio thread (db.py sends those
         # functions to threads for a second): a copy that was not all in the page cache.
@@ -206,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         (
             "row",
             "before / after req/s (median)",
-            "shares of the ceiling; after / before (median); p99 ms (median slice)",
+            "shares of the ceiling; after / before (median); p99 ms (median slice); busy",
         )
     ]
     for row, f in figures.items():
@@ -218,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{m['before']:,.0f} / {m['after']:,.0f}",
                 f"ceiling {m['bare']:,.0f}: {m['before'] / m['bare']:.0%} -> "
                 f"{m['after'] / m['bare']:.0%}; x{f['ratio']:.3f}; p99 {p['before']:.0f} -> "
-                f"{p['after']:.0f} (ceiling {p['bare']:.0f}){errors}",
+                f"{p['after']:.0f} (ceiling {p['bare']:.0f}); serving thread busy "
+                f"{f['thread_busy']['before']:.0%} -> {f['thread_busy']['after']:.0%}{errors}",
             )
         )
     shown = {w: "n/a" if n is None else f"{n:.0f}" for w, n in waits.items()}
