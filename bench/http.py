@@ -122,8 +122,9 @@ LUA_WRITE = """
 local ids = {%s}
 local kind = "%s"
 local owner = "%s"
--- Each wrk thread has its own Lua state and counter: give each its own half of the ids, so two
--- threads never race on one conversation (which would turn requests into 409s and no-ops).
+-- Each of wrk's two threads has its own Lua state and counter: give each its own half of the
+-- ids (every other one), so the threads never race on one conversation (which would turn
+-- requests into 409s and no-ops), also past the end of the list when it is of odd length.
 local threads = 0
 function setup(thread)
   thread:set("tid", threads)
@@ -131,10 +132,11 @@ function setup(thread)
 end
 local i = 0
 request = function()
+  local mine = math.floor((#ids - tid + 1) / 2)
   local n = i * 2 + tid
+  local id = ids[(i %% mine) * 2 + tid + 1]
+  local round = math.floor(i / mine)
   i = i + 1
-  local id = ids[(n %% #ids) + 1]
-  local round = math.floor(n / #ids)
   local body
   local method = "PATCH"
   local path = "/api/v1/inbox/conversations/" .. id .. "/" .. kind
