@@ -271,6 +271,8 @@ class WriterProcess:
             raise
 
     async def _ensure_started(self) -> trio.Process:
+        # (Taking the lock yields to the other ready tasks once, like the checkpoint that _send
+        # skips. Skipping it too while a child runs measured no different: BENCHMARKS.md.)
         async with self._spawning:
             if self.unavailable:  # (a start that failed while this waited for the lock)
                 raise OSError("the writer process could not start here")
@@ -307,8 +309,9 @@ class WriterProcess:
 
     async def _receive(self, process: trio.Process) -> bytes:
         """The next frame from the child, read from the pipe directly: trio's
-        ``receive_some`` would first yield to every other ready task (as ``_send`` says), and
-        the answer is usually there already when the task that waits for it runs."""
+        ``receive_some`` would first yield to every other ready task (as ``_send`` says)
+        before it even looks. Right after a send the pipe is empty, and this waits for it to
+        be readable once."""
         assert isinstance(process.stdout, trio.lowlevel.FdStream)
         fd = process.stdout.fileno()
         need = _LENGTH.size
@@ -408,7 +411,7 @@ class WriterProcess:
 async def _send(process: trio.Process, frame: bytes) -> None:
     """``frame`` down the child's stdin, written at once: trio's ``send_all`` would first yield
     to every other ready task (a checkpoint before the write), which under load is a few
-    milliseconds with the child idle (BENCHMARKS.md)."""
+    milliseconds with the child idle (BENCHMARKS.md, tenth session)."""
     assert isinstance(process.stdin, trio.lowlevel.FdStream)
     fd = process.stdin.fileno()
     data = memoryview(frame)
