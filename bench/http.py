@@ -133,6 +133,7 @@ end
 local i = 0
 request = function()
   local mine = math.floor((#ids - tid + 1) / 2)
+  if mine < 1 then mine, tid = #ids, 0 end -- a single id: the threads share it
   local n = i * 2 + tid
   local id = ids[(i %% mine) * 2 + tid + 1]
   local round = math.floor(i / mine)
