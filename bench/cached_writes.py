@@ -1,8 +1,8 @@
 """``inboxd`` whose renames cost the store nothing: for ``bench bound`` only.
 
-Run as ``python -m bench.cached_writes serve ...``: the daemon as usual, except that
-``Store.write(actions.rename, ...)`` returns the row a conversation's first rename returned,
-without touching the store. Everything else a title write does (HTTP, the body, the key, the
+Run as ``python -m bench.cached_writes serve ...``: the daemon as usual, except that a rename
+(``Store.write`` of ``actions.RENAME_ANSWERED``, as the title route calls it) returns what a
+conversation's first rename returned, without touching the store. Everything else a title write does (HTTP, the body, the key, the
 answer) is unchanged, so this daemon shows what a write would cost with its store work gone.
 """
 
@@ -22,7 +22,7 @@ _rows: dict[str, Any] = {}
 
 
 async def _write(self: Store, fn: Any, *args: Any) -> Any:
-    if fn is not actions.rename:
+    if fn is not actions.RENAME_ANSWERED:
         return await _real_write(self, fn, *args)
     conversation = args[1]  # rename(conn, principal, conversation_id, title, now)
     row = _rows.get(conversation)

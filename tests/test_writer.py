@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import trio
 
-from inboxd import daemon
+from inboxd import daemon, wire
 from inboxd.config import Config
 from inboxd.errors import Conflict, InboxError, RateLimited, ServiceUnavailable, StoreError
 from inboxd.store import accounts, actions, conversations, idempotency, messages, writer
@@ -208,6 +209,12 @@ async def test_results_come_back_equal_to_what_the_store_holds(store: Store, see
     assigned = await store.write(actions.assign, who, conv_id, seed.ann_id, 6)
     assert assigned == store.read_sync(conversations.get, who, conv_id)
     assert assigned.assigned_user is not None and assigned.assigned_user.id == seed.ann_id
+    # The routes' form (actions.Answered): the answer's JSON, encoded in the child, is what
+    # this process would encode from the row it reads back.
+    answer = await store.write(actions.RENAME_ANSWERED, who, conv_id, "Carla's", 7)
+    renamed = store.read_sync(conversations.get, who, conv_id)
+    assert renamed.title == "Carla's"
+    assert answer == orjson.dumps(wire.conversation(renamed, with_contact=False))
 
 
 def written_bytes(pid: int) -> int:

@@ -20,7 +20,7 @@ from inboxd.api.http import (
     json_response,
 )
 from inboxd.errors import InvalidRequest
-from inboxd.model import SETTABLE_STATUSES, Conversation
+from inboxd.model import SETTABLE_STATUSES
 from inboxd.store import accounts, actions, conversations, messages
 
 blueprint = Blueprint("inbox", __name__, url_prefix="/api/v1/inbox")
@@ -116,20 +116,24 @@ async def list_messages(conversation_id: str) -> Response:
     )
 
 
-@blueprint.post("/conversations/<conversation_id>/read")
-async def mark_read(conversation_id: str) -> Response:
-    await json_body(required=False)
-    row = await state().store.write(conversations.mark_read, principal(), conversation_id, now_us())
-    return json_response(wire.conversation(row, with_contact=False))
-
-
 # -- actions (spec endpoints 8-12): each returns the updated Conversation without contact ---------
 
 MAX_TITLE: Final = 200
 
 
-def _written(row: Conversation) -> Response:
-    return json_response(wire.conversation(row, with_contact=False))
+def _written(body: bytes) -> Response:
+    """The answer of a write made through one of ``actions``' ``*_ANSWERED``: its JSON."""
+    return Response(body, content_type="application/json")
+
+
+@blueprint.post("/conversations/<conversation_id>/read")
+async def mark_read(conversation_id: str) -> Response:
+    await json_body(required=False)
+    return _written(
+        await state().store.write(
+            actions.MARK_READ_ANSWERED, principal(), conversation_id, now_us()
+        )
+    )
 
 
 @blueprint.patch("/conversations/<conversation_id>/assignee")
@@ -138,8 +142,11 @@ async def patch_assignee(conversation_id: str) -> Response:
     if "userId" not in body:
         raise InvalidRequest("userId is required (a user id, or null to unassign)")
     user_id = field(body, "userId", str, nullable=True, max_len=256)
-    row = await state().store.write(actions.assign, principal(), conversation_id, user_id, now_us())
-    return _written(row)
+    return _written(
+        await state().store.write(
+            actions.ASSIGN_ANSWERED, principal(), conversation_id, user_id, now_us()
+        )
+    )
 
 
 @blueprint.patch("/conversations/<conversation_id>/status")
@@ -148,18 +155,20 @@ async def patch_status(conversation_id: str) -> Response:
     status = field(body, "status", str, required=True)
     if status not in SETTABLE_STATUSES:
         raise InvalidRequest("status must be OPEN or CLOSED")
-    row = await state().store.write(
-        actions.set_status, principal(), conversation_id, status, now_us()
+    return _written(
+        await state().store.write(
+            actions.SET_STATUS_ANSWERED, principal(), conversation_id, status, now_us()
+        )
     )
-    return _written(row)
 
 
 async def _set_blocked(conversation_id: str, blocked: bool) -> Response:
     await json_body(required=False)
-    row = await state().store.write(
-        actions.set_blocked, principal(), conversation_id, blocked, now_us()
+    return _written(
+        await state().store.write(
+            actions.SET_BLOCKED_ANSWERED, principal(), conversation_id, blocked, now_us()
+        )
     )
-    return _written(row)
 
 
 @blueprint.post("/conversations/<conversation_id>/block")
@@ -178,5 +187,8 @@ async def patch_title(conversation_id: str) -> Response:
     title = field(body, "title", str, required=True, max_len=MAX_TITLE).strip()
     if not title:
         raise InvalidRequest("title must not be empty")
-    row = await state().store.write(actions.rename, principal(), conversation_id, title, now_us())
-    return _written(row)
+    return _written(
+        await state().store.write(
+            actions.RENAME_ANSWERED, principal(), conversation_id, title, now_us()
+        )
+    )
