@@ -9,8 +9,9 @@ arguments) and reads back each write's outcome; the child runs the batch in one 
 savepoint per write, commits it (the fsync happens there too) and answers.
 
 The frames on the pipes are a 4-byte big-endian length and a pickle. Everything a write function
-takes and returns is plain data (attrs classes, strings, numbers), and the functions are module
-level, so pickling them is a reference by name. An error a write raises is sent back as it is
+takes and returns is plain data (attrs classes, strings, numbers, the answers' JSON), and the
+functions are module level (so are the routes' ``actions.*_ANSWERED``), so pickling them is a
+reference by name. An error a write raises is sent back as it is
 when it pickles, or as a ``StoreError`` naming it when it does not.
 
 A new child gets the daemon's ``sys.path`` and says it is ready once it has imported and opened
