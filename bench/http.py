@@ -332,16 +332,19 @@ def floor_us(data: Path, ids: dict[str, Any], fn: Any, *args: Any, repeat: int =
 def write_call(
     kind: str, who: Any, conversation: str, round_: int, owner_id: str, n: int
 ) -> tuple[Any, tuple[Any, ...]]:
-    """The store function and arguments of one write of ``kind``, as the Lua scripts make them:
-    each round over the conversations changes them one way, the next round back."""
+    """The store function and arguments of one write of ``kind``, as the route calls it (its
+    answer encoded where it runs) with the arguments the Lua scripts make: each round over the
+    conversations changes them one way, the next round back."""
     now = time.time_ns() // 1000
     if kind == "title":
-        return actions.rename, (who, conversation, f"floor {n}", now)
+        return actions.RENAME_ANSWERED, (who, conversation, f"floor {n}", now)
     if kind == "status":
-        return actions.set_status, (who, conversation, "CLOSED" if round_ % 2 == 0 else "OPEN", now)
+        status = "CLOSED" if round_ % 2 == 0 else "OPEN"
+        return actions.SET_STATUS_ANSWERED, (who, conversation, status, now)
     if kind == "assignee":
-        return actions.assign, (who, conversation, owner_id if round_ % 2 == 0 else None, now)
-    return actions.set_blocked, (who, conversation, round_ % 2 == 0, now)
+        user = owner_id if round_ % 2 == 0 else None
+        return actions.ASSIGN_ANSWERED, (who, conversation, user, now)
+    return actions.SET_BLOCKED_ANSWERED, (who, conversation, round_ % 2 == 0, now)
 
 
 def write_floor_us(

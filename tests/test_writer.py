@@ -328,14 +328,33 @@ async def test_what_does_not_pickle_fails_only_its_own_write(store: Store) -> No
             (helpers.record_pid, lambda: None),  # an argument that does not pickle
             (helpers.return_unpicklable, 2),  # a result that does not pickle
             (helpers.record_pid, 3),
+            # An Answered that is not one of actions' names: it pickles by that name only.
+            (actions.Answered(actions.rename, "RENAME_ANSWERED"), 4),
         ],
     )
     assert isinstance(outcomes[1], StoreError) and "cannot be sent" in str(outcomes[1])
     assert isinstance(outcomes[2], StoreError) and "cannot be sent back" in str(outcomes[2])
+    assert isinstance(outcomes[4], StoreError) and "Answered(" in str(outcomes[4])
+    assert "cannot be sent to the writer" in str(outcomes[4])
     child = store.writer_process.pid  # type: ignore[union-attr]
     assert outcomes[0] == outcomes[3] == child  # the others committed, in the same writer
     assert sorted(d["n"] for d in committed(store)) == [0, 3]  # write 2 was undone
     assert store.writer_process.started == 1  # type: ignore[union-attr]
+
+
+def test_each_answered_write_is_the_module_name_it_pickles_by() -> None:
+    """The routes' writes (actions.*_ANSWERED) cross the pipe as references to their names."""
+    answered = {k: v for k, v in vars(actions).items() if isinstance(v, actions.Answered)}
+    assert set(answered) == {
+        "ASSIGN_ANSWERED",
+        "SET_STATUS_ANSWERED",
+        "SET_BLOCKED_ANSWERED",
+        "RENAME_ANSWERED",
+        "MARK_READ_ANSWERED",
+    }
+    for name, write in answered.items():
+        assert write.name == name
+        assert pickle.loads(pickle.dumps(write, pickle.HIGHEST_PROTOCOL)) is write
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from inboxd.store import conversations, events
 from inboxd.store.messages import SOURCE_API, Actor, write_system_message
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)  # (each is one of the names below: equal only to itself)
 class Answered:
     """A write returning a conversation, made to return it as the API answers it: its wire
     JSON without the contact, encoded where the write ran. In the daemon that is the writer

@@ -125,6 +125,12 @@ class _OutcomePickler(pickle.Pickler):
         return NotImplemented
 
 
+def _name(fn: Callable[..., Any]) -> str:
+    """A write function's name for an error (a callable object, such as ``actions.Answered``,
+    has no ``__qualname__``)."""
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
 def outcome_pickle(obj: object) -> bytes:
     """``obj`` pickled as the child sends its answers (attrs values by ``_OutcomePickler``)."""
     buffer = io.BytesIO()
@@ -155,9 +161,7 @@ class _PickledResult:
         try:
             return outcome_pickle(result)
         except Exception as exc:
-            raise StoreError(
-                f"the result of {self.fn.__qualname__} cannot be sent back: {exc}"
-            ) from None
+            raise StoreError(f"the result of {_name(self.fn)} cannot be sent back: {exc}") from None
 
 
 def _refuse(conn: sqlite3.Connection, error: Exception) -> None:
@@ -347,7 +351,7 @@ class WriterProcess:
             try:
                 payload.append(pickle.dumps((r.fn, r.args, r.mark), pickle.HIGHEST_PROTOCOL))
             except Exception as exc:
-                r.error = StoreError(f"{r.fn.__qualname__} cannot be sent to the writer: {exc}")
+                r.error = StoreError(f"{_name(r.fn)} cannot be sent to the writer: {exc}")
             else:
                 sent.append(r)
         if not sent:
@@ -383,7 +387,7 @@ class WriterProcess:
                 try:
                     r.result = pickle.loads(result)
                 except Exception as exc:  # committed, but its result cannot be built here
-                    r.error = StoreError(f"the result of {r.fn.__qualname__} is unreadable: {exc}")
+                    r.error = StoreError(f"the result of {_name(r.fn)} is unreadable: {exc}")
         return True
 
     async def _lost(self, exc: BaseException) -> None:
