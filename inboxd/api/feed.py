@@ -9,7 +9,7 @@ import trio
 from quart import Blueprint, Response, request, websocket
 
 from inboxd.api.app import authenticate, now_us, principal, state, take_rate
-from inboxd.api.http import arg_limit
+from inboxd.api.http import arg_limit, encoded_json
 from inboxd.errors import InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import (
     CLOSE_POLICY,
@@ -186,4 +186,4 @@ async def list_events() -> Response:
     # the feed's feed.reset does, so the client refetches the state it keeps.
     reset = "true" if after < await store.read(events.pruned_through) else "false"
     body = f'{{"events":[{",".join(frames)}],"nextAfter":{last},"hasMore":{more},"reset":{reset}}}'
-    return Response(body, content_type="application/json")
+    return encoded_json(body)

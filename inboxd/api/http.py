@@ -37,6 +37,11 @@ def json_response(
     )
 
 
+def encoded_json(body: bytes | str) -> Response:
+    """A 200 whose JSON is already encoded (stored, built in SQL, or by the writer process)."""
+    return Response(body, content_type="application/json")
+
+
 # -- query parameters ----------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from inboxd.api.http import (
     arg_cursor,
     arg_limit,
     arg_str,
+    encoded_json,
     field,
     json_body,
     json_response,
@@ -93,8 +94,9 @@ async def conversation_counts() -> Response:
 
 @blueprint.get("/conversations/<conversation_id>")
 async def get_conversation(conversation_id: str) -> Response:
-    body = await state().store.read(conversations.get_json, principal(), conversation_id)
-    return Response(body, content_type="application/json")
+    return encoded_json(
+        await state().store.read(conversations.get_json, principal(), conversation_id)
+    )
 
 
 @blueprint.get("/conversations/<conversation_id>/messages")
@@ -121,15 +123,10 @@ async def list_messages(conversation_id: str) -> Response:
 MAX_TITLE: Final = 200
 
 
-def _written(body: bytes) -> Response:
-    """The answer of a write made through one of ``actions``' ``*_ANSWERED``: its JSON."""
-    return Response(body, content_type="application/json")
-
-
 @blueprint.post("/conversations/<conversation_id>/read")
 async def mark_read(conversation_id: str) -> Response:
     await json_body(required=False)
-    return _written(
+    return encoded_json(
         await state().store.write(
             actions.MARK_READ_ANSWERED, principal(), conversation_id, now_us()
         )
@@ -142,7 +139,7 @@ async def patch_assignee(conversation_id: str) -> Response:
     if "userId" not in body:
         raise InvalidRequest("userId is required (a user id, or null to unassign)")
     user_id = field(body, "userId", str, nullable=True, max_len=256)
-    return _written(
+    return encoded_json(
         await state().store.write(
             actions.ASSIGN_ANSWERED, principal(), conversation_id, user_id, now_us()
         )
@@ -155,7 +152,7 @@ async def patch_status(conversation_id: str) -> Response:
     status = field(body, "status", str, required=True)
     if status not in SETTABLE_STATUSES:
         raise InvalidRequest("status must be OPEN or CLOSED")
-    return _written(
+    return encoded_json(
         await state().store.write(
             actions.SET_STATUS_ANSWERED, principal(), conversation_id, status, now_us()
         )
@@ -164,7 +161,7 @@ async def patch_status(conversation_id: str) -> Response:
 
 async def _set_blocked(conversation_id: str, blocked: bool) -> Response:
     await json_body(required=False)
-    return _written(
+    return encoded_json(
         await state().store.write(
             actions.SET_BLOCKED_ANSWERED, principal(), conversation_id, blocked, now_us()
         )
@@ -187,7 +184,7 @@ async def patch_title(conversation_id: str) -> Response:
     title = field(body, "title", str, required=True, max_len=MAX_TITLE).strip()
     if not title:
         raise InvalidRequest("title must not be empty")
-    return _written(
+    return encoded_json(
         await state().store.write(
             actions.RENAME_ANSWERED, principal(), conversation_id, title, now_us()
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from quart import Blueprint, Response
 
 from inboxd.api.app import state
-from inboxd.api.http import json_response
+from inboxd.api.http import encoded_json, json_response
 from inboxd.api.openapi import OPENAPI_PATH, document_json
 from inboxd.metrics import CONTENT_TYPE
 from inboxd.store import channel_webhooks
@@ -54,4 +54,4 @@ async def metrics() -> Response:
 
 @blueprint.get(OPENAPI_PATH)
 async def openapi() -> Response:
-    return Response(document_json(), content_type="application/json")
+    return encoded_json(document_json())
