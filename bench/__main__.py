@@ -5,10 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import ab, bound, cold, delivery, delivery_ab, feed, generate, http, idle, supervisors
+from bench import (
+    ab,
+    app,
+    bound,
+    cold,
+    delivery,
+    delivery_ab,
+    feed,
+    generate,
+    http,
+    idle,
+    supervisors,
+)
 
 BENCHMARKS = {
     "ab": ab,
+    "app": app,
     "bound": bound,
     "cold": cold,
     "delivery": delivery,

@@ -1,0 +1,145 @@
+"""The app's own cost per request, in-process: inboxd's quart-trio app called as ASGI, no sockets.
+
+``bench http`` measures whole requests, where hypercorn, h11, trio's sockets and the kernel
+take most of the trio thread's time and the machine's noise hides a few microseconds. This
+calls the app the daemon serves (``create_app`` on the given store) with an ASGI scope, one
+request at a time, and times the thread's CPU per request; each figure is the minimum over
+``--rounds`` rounds of ``--requests`` requests (the least disturbed round). Beside the API's
+reads it adds to the same app a bare 1 KB JSON route (at the app, in a blueprint, and in a
+blueprint behind the API's key check), so the table shows what each layer adds; and times the
+store's read of one conversation and the key cache's lookup alone.
+
+The store is only read (GET requests; the key's lastUsedAt stays in memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+from quart import Blueprint
+
+from bench.common import report
+from bench.http import pick
+from inboxd.api.app import AppState, authenticate, create_app
+from inboxd.config import Config
+from inboxd.store import conversations
+from inboxd.store.db import Store
+
+_KB_OF_JSON = {"items": [{"id": f"item_{i:04d}", "name": "x" * 20} for i in range(19)]}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="a store from 'bench generate' (only read)")
+    p.add_argument("--requests", type=int, default=400, help="requests per round (400)")
+    p.add_argument("--rounds", type=int, default=12, help="rounds; the minimum is kept (12)")
+
+
+def _scope(path: str, headers: list[tuple[bytes, bytes]], query: bytes = b"") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": [(b"host", b"bench"), *headers],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 80),
+        "extensions": {},
+        "state": {},
+    }
+
+
+async def _measure(args: argparse.Namespace) -> dict[str, float]:
+    data = Path(args.data)
+    ids = pick(data)
+    config = Config.load(None, {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0"})
+    store = Store.open(data)
+    try:
+        app = create_app(store, config)
+
+        @app.get("/bench/kb")
+        async def kb() -> dict[str, object]:
+            return _KB_OF_JSON
+
+        plain = Blueprint("bench_plain", __name__, url_prefix="/api/v1/bench-plain")
+        keyed = Blueprint("bench_keyed", __name__, url_prefix="/api/v1/bench-keyed")
+        keyed.before_request(authenticate)
+        for blueprint in (plain, keyed):
+            blueprint.get("/kb")(kb)
+            app.register_blueprint(blueprint)
+        await app.startup()
+        key = [(b"authorization", f"Bearer {ids['key']}".encode())]
+        conversation = ids["conversations"][0]
+
+        async def call(scope: dict[str, Any]) -> list[dict[str, Any]]:
+            sent: list[dict[str, Any]] = []
+            messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+            async def receive() -> dict[str, Any]:
+                if messages:
+                    return messages.pop()
+                await trio.sleep_forever()
+                raise AssertionError("unreachable")
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            await app(scope, receive, send)  # type: ignore[arg-type]
+            return sent
+
+        routes = {
+            "1 KB JSON, a route of inboxd's app": _scope("/bench/kb", []),
+            "1 KB JSON, in a blueprint": _scope("/api/v1/bench-plain/kb", key),
+            "1 KB JSON, in a blueprint with the key check": _scope("/api/v1/bench-keyed/kb", key),
+            "read one": _scope(f"/api/v1/inbox/conversations/{conversation}", key),
+            "counts": _scope("/api/v1/inbox/conversations/counts", key),
+            "list page (50)": _scope("/api/v1/inbox/conversations", key),
+        }
+        for name, scope in routes.items():
+            status = (await call(scope))[0]["status"]
+            if status != 200:
+                raise RuntimeError(f"bench app: {name} answered {status}")
+        state: AppState = app.extensions["inboxd"]
+        who = await state.keys.lookup(ids["key"])
+
+        async def read_one() -> None:
+            await store.read(conversations.get_json, who, conversation)
+
+        async def lookup() -> None:
+            await state.keys.lookup(ids["key"])
+
+        timed: dict[str, Callable[[], Awaitable[Any]]] = {
+            name: (lambda scope=scope: call(scope)) for name, scope in routes.items()
+        }
+        timed["the store's read of one conversation, alone"] = read_one
+        timed["the key cache's lookup, alone"] = lookup
+        best = dict.fromkeys(timed, float("inf"))
+        for _ in range(args.rounds):
+            for name, fn in timed.items():
+                started = time.thread_time()
+                for _ in range(args.requests):
+                    await fn()
+                best[name] = min(best[name], (time.thread_time() - started) / args.requests)
+        return {name: seconds * 1e6 for name, seconds in best.items()}
+    finally:
+        store.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    us = trio.run(_measure, args)
+    base = us["1 KB JSON, a route of inboxd's app"]
+    rows = [("figure", "us", "thread CPU per call, minimum of the rounds; beside the 1 KB route")]
+    for name, value in us.items():
+        note = "" if name.endswith("alone") or value is base else f"{value - base:+.1f} us"
+        rows.append((name, f"{value:.1f}", note))
+    report("app", rows, {"args": vars(args), "us": us})
+    return 0
