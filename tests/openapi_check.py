@@ -239,7 +239,8 @@ def _check_request(request: httpx.Request, operation: Mapping[str, Any], where: 
         if documented.get("required"):
             raise Mismatch(f"{where}: accepted without the required body")
         return
-    media_type = request.headers.get("content-type", "").split(";")[0].strip()
+    # Media types are case-insensitive (RFC 9110, 8.3.1).
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in documented["content"]:
         raise Mismatch(f"{where}: accepted a {media_type} body, documented {documented['content']}")
     if media_type == "application/json":

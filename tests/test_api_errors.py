@@ -78,6 +78,34 @@ async def test_body_that_is_not_json_is_415(owner: httpx.AsyncClient) -> None:
     assert_error(response, 415, "unsupported_media_type")
 
 
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("application/json", 200),
+        ("application/json; charset=utf-8", 200),
+        ("Application/JSON", 200),
+        ("application/json ;charset=UTF-8", 200),
+        ("application/jsonx", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("text/json", 415),
+    ],
+)
+async def test_a_body_is_json_by_its_media_type_whatever_its_case_or_parameters(
+    owner: httpx.AsyncClient, seeded: Seed, content_type: str, status: int
+) -> None:
+    conv = (await ingest(owner, seeded.sales_id, "15550009", content="hi"))["conversationId"]
+    response = await owner.patch(
+        f"/api/v1/inbox/conversations/{conv}/title",
+        content=b'{"title": "Renamed"}',
+        headers={"Content-Type": content_type},
+    )
+    if status == 200:
+        assert response.status_code == 200, response.text
+        assert response.json()["title"] == "Renamed"
+    else:
+        assert_error(response, status, "unsupported_media_type")
+
+
 @pytest.fixture
 def config() -> Config:
     return Config(

@@ -4,6 +4,7 @@ feed clients, each read from the running daemon."""
 from __future__ import annotations
 
 import gc
+import logging
 import re
 
 import httpx
@@ -54,6 +55,7 @@ async def test_requests_are_counted_by_route_method_and_status(
     assert (await owner.get(f"{CONV}/{conv}")).status_code == 200
     assert (await owner.get(f"{CONV}/conv_nope")).status_code == 404
     assert (await anon.get("/no/such/path")).status_code == 404
+    assert (await anon.get(CONV, headers={"Authorization": "Bearer ibx_nope"})).status_code == 401
     samples = await scrape(anon)
     requests = "inboxd_http_requests_total"
     one = "/api/v1/inbox/conversations/<conversation_id>"
@@ -61,13 +63,28 @@ async def test_requests_are_counted_by_route_method_and_status(
     assert value(samples, requests, route=one, method="GET", status="200") == 1
     assert value(samples, requests, route=one, method="GET", status="404") == 1
     assert value(samples, requests, route="unmatched", method="GET", status="404") == 1
+    assert value(samples, requests, route=CONV, method="GET", status="401") == 1
     latency = "inboxd_http_request_duration_seconds"
-    assert value(samples, f"{latency}_count", route=CONV) == 3
-    assert value(samples, f"{latency}_bucket", route=CONV, le="+Inf") == 3
+    assert value(samples, f"{latency}_count", route=CONV) == 4
+    assert value(samples, f"{latency}_bucket", route=CONV, le="+Inf") == 4
     assert 0 < value(samples, f"{latency}_sum", route=CONV) < 3
     # The scrape itself is counted by the next one.
     again = await scrape(anon)
     assert value(again, requests, route="/metrics", method="GET", status="200") == 1
+
+
+async def test_each_request_is_in_the_access_log(
+    owner: httpx.AsyncClient, seeded: Seed, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="inboxd.access")
+    assert (await owner.get(f"{CONV}?limit=2")).status_code == 200
+    assert (await owner.get(f"{CONV}/conv_nope")).status_code == 404
+    records = [r for r in caplog.records if r.name == "inboxd.access"]
+    assert [(r.method, r.path, r.status) for r in records] == [  # type: ignore[attr-defined]
+        ("GET", CONV, 200),
+        ("GET", f"{CONV}/conv_nope", 404),
+    ]
+    assert all(isinstance(r.ms, float) and r.ms >= 0 for r in records)  # type: ignore[attr-defined]
 
 
 async def test_deliveries_url_states_and_feed_clients(

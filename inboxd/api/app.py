@@ -19,9 +19,10 @@ from typing import Any, Final, cast
 
 import attrs
 import trio
-from quart import Response, current_app, g, request
+from quart import Request, Response, current_app, g, request
 from quart.sessions import NullSession, SessionInterface
 from quart_trio import QuartTrio
+from quart_trio.wrappers import TrioRequest
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import WebsocketMismatch
 
@@ -111,6 +112,13 @@ class KeyCache:
             self._stamp = stamp
         return self._epoch
 
+    def cached(self, token: str) -> Principal | None:
+        """The key's principal if the cache holds it and nothing was committed since the cache
+        was last checked (no store access, no coroutine); else None: ask ``lookup``."""
+        if self._store.commit_stamp() != self._stamp:
+            return None
+        return self._entries.get(ids.hash_api_key(token))
+
     async def lookup(self, token: str) -> Principal | None:
         epoch = await self._current_epoch()
         digest = ids.hash_api_key(token)
@@ -143,52 +151,59 @@ def principal() -> Principal:
 
 async def authenticate() -> Response | None:
     """``before_request`` of the API blueprints: resolve the key, apply the rate limit, and
-    answer a repeated Idempotency-Key with the first response."""
-    if request.method == "OPTIONS":
+    answer a repeated Idempotency-Key with the first response.
+
+    Every API request runs this, so the request, the app's state and ``g`` are each looked up
+    once through Quart's context proxies, and a key the cache holds is found without a
+    coroutine (``KeyCache.cached``)."""
+    req = cast(Request, cast(Any, request)._get_current_object())
+    method = req.method
+    if method == "OPTIONS":
         return None  # CORS preflights and OPTIONS carry no key; Quart answers them
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _, token = req.headers.get("Authorization", "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
     st = state()
-    who = await st.keys.lookup(token)
+    who = st.keys.cached(token) or await st.keys.lookup(token)
     if who is None:
         raise Unauthorized("the API key is unknown or revoked")
-    take_rate(who)
-    g.principal = who
-    return await _idempotency_claim(who)
+    take_rate(who, st)
+    cast(Any, g)._get_current_object().principal = who
+    if method not in IDEMPOTENT_METHODS:  # reads skip the header lookup
+        return None
+    return await _idempotency_claim(req, who, st)
 
 
-def take_rate(who: Principal) -> None:
+def take_rate(who: Principal, st: AppState | None = None) -> None:
     """Count one request against the key's token bucket (RateLimited when it is empty) and
     note the key's use. HTTP requests and websocket upgrades of the feed both go through it."""
-    st = state()
+    st = st or state()
     wait = st.limiter.take(who.key_pk)
     if wait > 0:
         raise RateLimited(
             "too many requests for this API key; slow down", retry_after=retry_after_seconds(wait)
         )
-    st.key_usage[who.key_pk] = now_us()
+    st.key_usage[who.key_pk] = st.clock.now_us()
 
 
 IDEMPOTENT_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 IDEMPOTENCY_KEY: Final = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
-async def _idempotency_claim(who: Principal) -> Response | None:
-    if request.method not in IDEMPOTENT_METHODS:  # first: reads skip the header lookup
-        return None
-    key = request.headers.get("Idempotency-Key")
+async def _idempotency_claim(req: Request, who: Principal, st: AppState) -> Response | None:
+    key = req.headers.get("Idempotency-Key")
     if key is None:
         return None
     if not IDEMPOTENCY_KEY.match(key):
         raise InvalidRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
     body = await read_body()
     fingerprint = hashlib.sha256(
-        b"\0".join([request.method.encode(), request.full_path.encode(), body])
+        b"\0".join([req.method.encode(), req.full_path.encode(), body])
     ).digest()
-    stored = await state().store.write(idempotency.claim, who.user_pk, key, fingerprint, now_us())
+    stored = await st.store.write(
+        idempotency.claim, who.user_pk, key, fingerprint, st.clock.now_us()
+    )
     if stored is not None:
         return Response(
             stored.body,
@@ -201,10 +216,7 @@ async def _idempotency_claim(who: Principal) -> Response | None:
     return None
 
 
-async def _idempotency_complete(response: Response) -> None:
-    key = g.pop("idempotency_key", None)
-    if key is None:
-        return
+async def _idempotency_complete(key: str, response: Response) -> None:
     IDEMPOTENT_WRITE.set(None)
     store, user_pk = state().store, principal().user_pk
     try:
@@ -234,8 +246,63 @@ class NoSessions(SessionInterface):
         return None
 
 
+class InboxRequest(TrioRequest):
+    """quart-trio's request, with its chain of blueprint names computed once per route.
+
+    Quart asks for ``blueprints`` two or three times in every request (for the
+    ``before_request`` and ``after_request`` hooks, and for error handlers), and each time
+    splits the endpoint's name anew; the chain depends only on the matched route."""
+
+    @property
+    def blueprints(self) -> list[str]:
+        rule = self.url_rule
+        endpoint = None if rule is None else rule.endpoint
+        chain = _BLUEPRINT_CHAINS.get(endpoint)
+        if chain is None:
+            chain = _BLUEPRINT_CHAINS[endpoint] = tuple(super().blueprints)
+        return list(chain)
+
+
+_BLUEPRINT_CHAINS: dict[str | None, tuple[str, ...]] = {}
+
+
+class InboxApp(QuartTrio):
+    """The daemon's quart-trio app: Quart's, with each HTTP request timed, counted in the
+    metrics and written to the access log around Quart's whole handling of it.
+
+    Around ``handle_request`` rather than in ``before_request`` / ``after_request`` hooks: the
+    request object is at hand (no lookups through the context proxies), and a hook costs every
+    request a few microseconds of Quart's machinery (``bench app``). The time covers what
+    Quart does for the request: routing, the hooks, the route, its error handler and waiting
+    for the rest of an unread body (the response is not sent before that is done)."""
+
+    request_class = InboxRequest
+
+    async def handle_request(self, request: Request) -> Any:
+        started = time.perf_counter()
+        response = await super().handle_request(request)
+        took = time.perf_counter() - started
+        rule = request.url_rule
+        route = "unmatched" if rule is None else rule.rule
+        status = response.status_code
+        cast(AppState, self.extensions["inboxd"]).metrics.observe_request(
+            route, request.method, status, took
+        )
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "request",
+                extra={
+                    "method": request.method,
+                    "path": request.path,
+                    "status": status,
+                    "ms": round(took * 1000, 2),
+                },
+            )
+        return response
+
+
 # How long a response waits for the rest of a request body it did not need (see
-# finish_reading_the_body in create_app).
+# finish_request in create_app).
 BODY_WAIT_SECONDS: Final = 10.0
 
 
@@ -252,7 +319,7 @@ def _has_body() -> bool:
 def create_app(store: Store, config: Config, clock: Clock | None = None) -> QuartTrio:
     from inboxd.api import channels, feed, inbox, messaging, ops, team, webhook
 
-    app = QuartTrio("inboxd")
+    app = InboxApp("inboxd")
     app.session_interface = NoSessions()  # type: ignore[assignment]  # Quart types it narrowly
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
@@ -278,29 +345,31 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
     app.register_blueprint(feed.blueprint)
 
     @app.after_request
-    async def finish_reading_the_body(response: Response) -> Response:
-        """Read what is left of the request's body before the response ends.
+    async def finish_request(response: Response) -> Response:
+        """Record an Idempotency-Key's response, and read what is left of the request's body
+        before the response ends.
 
-        An answer given before the body was read (a 401, 403 or 404 decided from the headers)
-        would otherwise end while the body is still arriving, and hypercorn then closes the
-        connection: a keep-alive client's next request on it fails. Worse, when the body and the
-        client's next request arrive while that close is under way, quart-trio's disconnect
-        handling cancels the close half-done and the next request waits unanswered until the
-        client gives up (found by tests/test_fuzz.py; tests/test_api_errors.py has the
-        sequence). Bodies are small (``server.max_body_bytes``); one that does not come within
-        BODY_WAIT_SECONDS, or is too large, is answered with ``Connection: close`` instead
-        (the client is to open a new connection; hypercorn drops one that keeps sending at its
-        read timeout).
+        The body: an answer given before the body was read (a 401, 403 or 404 decided from the
+        headers) would otherwise end while the body is still arriving, and hypercorn then
+        closes the connection: a keep-alive client's next request on it fails. Worse, when the
+        body and the client's next request arrive while that close is under way, quart-trio's
+        disconnect handling cancels the close half-done and the next request waits unanswered
+        until the client gives up (found by tests/test_fuzz.py; tests/test_api_errors.py has
+        the sequence). Bodies are small (``server.max_body_bytes``); one that does not come
+        within BODY_WAIT_SECONDS, or is too large, is answered with ``Connection: close``
+        instead (the client is to open a new connection; hypercorn drops one that keeps
+        sending at its read timeout).
 
         A body the route read (``read_body``) leaves nothing to do, so the hook costs writes
-        nothing.
-
-        Registered before ``log_access``: Quart runs these hooks last-registered first, so the
-        access log and the latency metric see the request without this wait."""
+        nothing. One hook for both, with ``g`` looked up once: each hook and each lookup
+        through Quart's context proxies is a few microseconds of every request."""
+        flags = cast(Any, g)._get_current_object()
+        if "idempotency_key" in flags:
+            await _idempotency_complete(flags.pop("idempotency_key"), response)
         if response.status_code in (408, 413):  # the body is not coming, or too large
             response.headers["Connection"] = "close"
             return response
-        if g.get("body_read", False) or not _has_body():
+        if "body_read" in flags or not _has_body():
             return response
         with trio.move_on_after(BODY_WAIT_SECONDS) as waited:
             try:
@@ -309,30 +378,6 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
                 response.headers["Connection"] = "close"
         if waited.cancelled_caught:
             response.headers["Connection"] = "close"
-        return response
-
-    @app.before_request
-    async def start_timer() -> None:
-        g.started = time.perf_counter()
-
-    @app.after_request
-    async def log_access(response: Response) -> Response:
-        await _idempotency_complete(response)
-        started = getattr(g, "started", None)
-        took = 0.0 if started is None else time.perf_counter() - started
-        rule = request.url_rule
-        route = "unmatched" if rule is None else rule.rule
-        state().metrics.observe_request(route, request.method, response.status_code, took)
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "request",
-                extra={
-                    "method": request.method,
-                    "path": request.path,
-                    "status": response.status_code,
-                    "ms": round(took * 1000, 2),
-                },
-            )
         return response
 
     @app.errorhandler(InboxError)

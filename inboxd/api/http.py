@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import orjson
 from quart import Response, g, request
@@ -18,6 +18,7 @@ from inboxd import cursors
 from inboxd.errors import InvalidRequest, UnsupportedMediaType
 from inboxd.timeutil import BadTimestamp, parse_instant
 
+_JSON: Final = "application/json"
 _SMALL_NUMBER: Final = re.compile(r"[0-9]{1,4}")
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 200
@@ -102,10 +103,10 @@ def arg_bool(name: str) -> bool:
 
 async def read_body() -> bytes:
     """The request's whole body (Quart's body timeout and size limit apply), noted as read:
-    the app's finish_reading_the_body hook then has nothing left to wait for."""
+    the app's finish_request hook then has nothing left to wait for."""
     data = await request.get_data(as_text=False)
     assert isinstance(data, bytes)
-    g.body_read = True
+    cast(Any, g)._get_current_object().body_read = True
     return data
 
 
@@ -116,7 +117,9 @@ async def json_body(*, required: bool = True) -> dict[str, Any]:
         if required:
             raise InvalidRequest("the request body must be a JSON object")
         return {}
-    if request.mimetype != "application/json":
+    req = cast(Any, request)._get_current_object()
+    # The usual header as it is, else werkzeug's parse (case, parameters such as charset).
+    if req.headers.get("Content-Type") != _JSON and req.mimetype != _JSON:
         raise UnsupportedMediaType("the request body must be application/json")
     try:
         # orjson reads RFC 8259 JSON only: UTF-8 without a byte order mark, no NaN or Infinity,
