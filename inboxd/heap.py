@@ -1,7 +1,7 @@
 """The garbage collector's settings for a long-running daemon, applied once start-up is done.
 
 CPython's cyclic collector is tuned for short scripts. Measured on the 10M-message store under
-32 connections (BENCHMARKS.md), with its defaults it took about 9 % of the daemon's CPU, and
+32 connections (bench/HISTORY.md), with its defaults it took about 9 % of the daemon's CPU, and
 every few seconds a full collection stopped the whole process for 50-65 ms: it walks every
 object the imports and start-up created (a few hundred thousand), all of which live as long
 as the process. Each such pause delays every request in flight, which is most of a p99.

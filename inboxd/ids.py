@@ -14,7 +14,7 @@ from typing import Final
 # time in microseconds (52 bits), then 48 random bits. Ids that sort by creation time put each new
 # row at one edge of its table's id index instead of on a random leaf of it: on 10M messages an
 # inbox action's writes took ~25 % less time and its COMMIT wrote ~40 % fewer pages (measured by
-# hand: 2,000 renames in one transaction, BENCHMARKS.md). Ids are not secrets (keys and tokens
+# hand: 2,000 renames in one transaction, bench/HISTORY.md). Ids are not secrets (keys and tokens
 # are separate) and never decide order; the random part keeps them unguessable all the same.
 _ALPHABET: Final = "234567abcdefghijklmnopqrstuvwxyz"  # base32 in ASCII order: sorts as numbers
 _PAIRS: Final = tuple(a + b for a in _ALPHABET for b in _ALPHABET)  # 10 bits -> 2 characters

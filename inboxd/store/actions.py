@@ -25,7 +25,7 @@ class Answered:
     """A write returning a conversation, made to return it as the API answers it: its wire
     JSON without the contact, encoded where the write ran. In the daemon that is the writer
     process, which spares the trio thread rebuilding the row from its pickle and encoding it
-    (BENCHMARKS.md, tenth session); the child has a core to spare. The routes use the ones
+    (bench/HISTORY.md, tenth session); the child has a core to spare. The routes use the ones
     at the end of this module."""
 
     fn: Callable[..., Conversation]

@@ -21,7 +21,7 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
   (with the 5 s deadline), and reads of that function go straight to a thread for a while. Why
   not always a thread: a hop costs more than the reads the API makes (50-800 us from the page
   cache), and worse, SQLite releases the GIL around every step, so a worker thread waits for the
-  busy trio thread once per row; measured, inline reads serve twice the requests (BENCHMARKS.md).
+  busy trio thread once per row; measured, inline reads serve twice the requests (bench/HISTORY.md).
 - Neither may make the loop wait for the disk. Pages not in the OS page cache (after a start,
   or a store larger than memory) have to be read from the device, and every task waits while
   the trio thread does. Nothing tells beforehand which pages a query will touch, so each inline
@@ -781,7 +781,7 @@ class Store:
 
         Why: in a worker thread, each statement hands the GIL back and forth with the busy trio
         thread, which cost more than the writes themselves and left the loop idle waiting for
-        them (BENCHMARKS.md); the fsync at COMMIT must leave the loop, and so must whatever
+        them (bench/HISTORY.md); the fsync at COMMIT must leave the loop, and so must whatever
         comes after a write that read from the disk."""
         now = time.monotonic()
         if any(self._inline_backoff.get(r.fn, 0.0) > now for r in batch):

@@ -3,7 +3,7 @@
 Why: a write is a few hundred microseconds of Python and SQLite (the change, its SYSTEM row, two
 journal events, their indexes), and on the trio thread that is time every other request waits for.
 A worker thread does not help: SQLite releases the GIL around every statement, and each time the
-worker takes it back it waits for the busy trio thread (BENCHMARKS.md). A process has a GIL and
+worker takes it back it waits for the busy trio thread (bench/HISTORY.md). A process has a GIL and
 a core of its own. The trio thread only sends each batch (the functions, by reference, and their
 arguments) and reads back each write's outcome; the child runs the batch in one transaction, a
 savepoint per write, commits it (the fsync happens there too) and answers.
@@ -277,7 +277,7 @@ class WriterProcess:
 
     async def _ensure_started(self) -> trio.Process:
         # (Taking the lock yields to the other ready tasks once, like the checkpoint that _send
-        # skips. Skipping it too while a child runs measured no different: BENCHMARKS.md.)
+        # skips. Skipping it too while a child runs measured no different: bench/HISTORY.md.)
         async with self._spawning:
             if self.unavailable:  # (a start that failed while this waited for the lock)
                 raise OSError("the writer process could not start here")
@@ -416,7 +416,7 @@ class WriterProcess:
 async def _send(process: trio.Process, frame: bytes) -> None:
     """``frame`` down the child's stdin, written at once: trio's ``send_all`` would first yield
     to every other ready task (a checkpoint before the write), which under load is a few
-    milliseconds with the child idle (BENCHMARKS.md, tenth session)."""
+    milliseconds with the child idle (bench/HISTORY.md, tenth session)."""
     assert isinstance(process.stdin, trio.lowlevel.FdStream)
     fd = process.stdin.fileno()
     data = memoryview(frame)
