@@ -7,6 +7,7 @@ request at a time, and times the thread's CPU per request; each figure is the mi
 ``--rounds`` rounds of ``--requests`` requests (the least disturbed round). Beside the API's
 reads it adds to the same app a bare 1 KB JSON route (at the app, in a blueprint, and in a
 blueprint behind the API's key check), so the table shows what each layer adds; and times the
+bare quart-trio app of ``bench http``'s ceiling (``bench/bare.py``) called the same way, the
 store's read of one conversation and the key cache's lookup alone.
 
 The store is only read (GET requests; the key's lastUsedAt stays in memory).
@@ -23,6 +24,7 @@ from typing import Any
 import trio
 from quart import Blueprint
 
+from bench.bare import app as bare
 from bench.common import report
 from bench.http import pick
 from inboxd.api.app import AppState, authenticate, create_app
@@ -30,6 +32,7 @@ from inboxd.config import Config
 from inboxd.store import conversations
 from inboxd.store.db import Store
 
+BARE = "1 KB JSON, the bare quart-trio app (bench/bare.py)"
 _KB_OF_JSON = {"items": [{"id": f"item_{i:04d}", "name": "x" * 20} for i in range(19)]}
 
 
@@ -80,7 +83,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         key = [(b"authorization", f"Bearer {ids['key']}".encode())]
         conversation = ids["conversations"][0]
 
-        async def call(scope: dict[str, Any]) -> list[dict[str, Any]]:
+        await bare.startup()
+
+        async def call(scope: dict[str, Any], to: Any = app) -> list[dict[str, Any]]:
             sent: list[dict[str, Any]] = []
             messages = [{"type": "http.request", "body": b"", "more_body": False}]
 
@@ -93,7 +98,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
             async def send(message: dict[str, Any]) -> None:
                 sent.append(message)
 
-            await app(scope, receive, send)  # type: ignore[arg-type]
+            await to(scope, receive, send)
             return sent
 
         routes = {
@@ -104,6 +109,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
             "counts": _scope("/api/v1/inbox/conversations/counts", key),
             "list page (50)": _scope("/api/v1/inbox/conversations", key),
         }
+        bare_scope = _scope("/ceiling", [])
+        if (await call(bare_scope, bare))[0]["status"] != 200:
+            raise RuntimeError("bench app: the bare app's /ceiling did not answer 200")
         for name, scope in routes.items():
             status = (await call(scope))[0]["status"]
             if status != 200:
@@ -117,9 +125,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         async def lookup() -> None:
             await state.keys.lookup(ids["key"])
 
-        timed: dict[str, Callable[[], Awaitable[Any]]] = {
-            name: (lambda scope=scope: call(scope)) for name, scope in routes.items()
-        }
+        timed: dict[str, Callable[[], Awaitable[Any]]] = {BARE: lambda: call(bare_scope, bare)}
+        timed.update({name: (lambda scope=scope: call(scope)) for name, scope in routes.items()})
         timed["the store's read of one conversation, alone"] = read_one
         timed["the key cache's lookup, alone"] = lookup
         best = dict.fromkeys(timed, float("inf"))
@@ -139,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     base = us["1 KB JSON, a route of inboxd's app"]
     rows = [("figure", "us", "thread CPU per call, minimum of the rounds; beside the 1 KB route")]
     for name, value in us.items():
-        note = "" if name.endswith("alone") or value is base else f"{value - base:+.1f} us"
+        plain = name.endswith("alone") or name == BARE or value is base
+        note = "" if plain else f"{value - base:+.1f} us"
         rows.append((name, f"{value:.1f}", note))
     report("app", rows, {"args": vars(args), "us": us})
     return 0
