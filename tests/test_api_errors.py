@@ -106,6 +106,25 @@ async def test_a_body_is_json_by_its_media_type_whatever_its_case_or_parameters(
         assert_error(response, status, "unsupported_media_type")
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/inbox/conversations",
+        "/api/v1/messaging/messages",
+        "/api/v1/channels/ch_any/webhook",
+        "/api/v1/inbox/team/members",
+    ],
+)
+async def test_options_needs_no_key_on_any_api_blueprint(
+    anon: httpx.AsyncClient, path: str
+) -> None:
+    # CORS preflights carry no key: Quart answers them with the path's methods, also where a
+    # blueprint lets only the owner's key in.
+    response = await anon.options(path)
+    assert response.status_code == 200, response.text
+    assert "OPTIONS" in response.headers["allow"]
+
+
 @pytest.fixture
 def config() -> Config:
     return Config(

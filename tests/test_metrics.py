@@ -87,6 +87,35 @@ async def test_each_request_is_in_the_access_log(
     assert all(isinstance(r.ms, float) and r.ms >= 0 for r in records)  # type: ignore[attr-defined]
 
 
+async def test_a_client_gone_while_its_unread_body_is_awaited_is_still_counted(
+    base_url: str, anon: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A 401 is decided from the headers; the daemon then waits for the rest of the body (see
+    # finish_request) and the client closes the connection meanwhile, which cancels that wait.
+    caplog.set_level(logging.INFO, logger="inboxd.access")
+    host, port = base_url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(
+        b"POST /api/v1/messaging/messages HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n12345"
+    )
+    await trio.sleep(0.2)
+    await stream.aclose()
+    route = "/api/v1/messaging/messages"
+    with trio.fail_after(10):
+        while True:
+            samples = await scrape(anon)
+            counted = value(
+                samples, "inboxd_http_requests_total", route=route, method="POST", status="401"
+            )
+            if counted:
+                break
+            await trio.sleep(0.05)
+    assert counted == 1
+    logged = [r for r in caplog.records if r.name == "inboxd.access" and r.path == route]  # type: ignore[attr-defined]
+    assert [r.status for r in logged] == [401]  # type: ignore[attr-defined]
+
+
 async def test_deliveries_url_states_and_feed_clients(
     owner: httpx.AsyncClient,
     anon: httpx.AsyncClient,

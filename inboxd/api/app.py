@@ -149,6 +149,12 @@ def principal() -> Principal:
     return cast(Principal, g.principal)
 
 
+def preflight() -> bool:
+    """Whether this is an OPTIONS request: the API's hooks let those through without a key
+    (CORS preflights carry none), and Quart answers them."""
+    return request.method == "OPTIONS"
+
+
 async def authenticate() -> Response | None:
     """``before_request`` of the API blueprints: resolve the key, apply the rate limit, and
     answer a repeated Idempotency-Key with the first response.
@@ -247,11 +253,16 @@ class NoSessions(SessionInterface):
 
 
 class InboxRequest(TrioRequest):
-    """quart-trio's request, with its chain of blueprint names computed once per route.
+    """quart-trio's request, with its chain of blueprint names kept per route.
 
     Quart asks for ``blueprints`` two or three times in every request (for the
-    ``before_request`` and ``after_request`` hooks, and for error handlers), and each time
-    splits the endpoint's name anew; the chain depends only on the matched route."""
+    ``before_request`` and ``after_request`` hooks, and for error handlers), each time through
+    ``endpoint`` and ``blueprint`` and an import (about 2 us; 0.2 us from the dict); the chain
+    depends only on the matched route."""
+
+    # The status of the response decided before the rest of an unread body was waited for
+    # (``finish_request``): the request is recorded with it should that wait be cancelled.
+    decided_status: int | None = None
 
     @property
     def blueprints(self) -> list[str]:
@@ -280,11 +291,23 @@ class InboxApp(QuartTrio):
 
     async def handle_request(self, request: Request) -> Any:
         started = time.perf_counter()
-        response = await super().handle_request(request)
+        try:
+            response = await super().handle_request(request)
+        except BaseException:
+            # Cancelled (the client went away) while waiting for the rest of an unread body:
+            # the answer was decided; record it like any other.
+            status = getattr(request, "decided_status", None)
+            if status is not None:
+                self._record(request, status, started)
+            raise
+        self._record(request, response.status_code, started)
+        return response
+
+    def _record(self, request: Request, status: int, started: float) -> None:
+        """Count the request in the metrics and write its access-log line."""
         took = time.perf_counter() - started
         rule = request.url_rule
         route = "unmatched" if rule is None else rule.rule
-        status = response.status_code
         cast(AppState, self.extensions["inboxd"]).metrics.observe_request(
             route, request.method, status, took
         )
@@ -298,7 +321,6 @@ class InboxApp(QuartTrio):
                     "ms": round(took * 1000, 2),
                 },
             )
-        return response
 
 
 # How long a response waits for the rest of a request body it did not need (see
@@ -371,6 +393,7 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
             return response
         if "body_read" in flags or not _has_body():
             return response
+        cast(Any, request).decided_status = response.status_code
         with trio.move_on_after(BODY_WAIT_SECONDS) as waited:
             try:
                 await request.get_data(cache=False)
