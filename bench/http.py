@@ -533,10 +533,16 @@ def run(args: argparse.Namespace) -> int:
         errors = f"; {r['non_2xx']:.0f} non-2xx" if r["non_2xx"] else ""
         if name in sized_ceilings:
             same = sized_ceilings[name]["rps"]
-            floor += f"; bare {sizes[name] / 1024:.0f} KB {same:,.0f}: {r['rps'] / same:.0%}"
+            floor += (
+                f"; bare {sizes[name] / 1024:.0f} KB {same:,.0f} ({same / ceiling:.0%} of the"
+                f" ceiling): this {r['rps'] / same:.0%} of it"
+            )
         if name in patch_ceilings:
             patch = patch_ceilings[name]["rps"]
-            floor = f"; bare PATCH {patch:,.0f}: {r['rps'] / patch:.0%}"
+            floor = (
+                f"; bare PATCH {patch:,.0f} ({patch / ceiling:.0%} of the ceiling):"
+                f" this {r['rps'] / patch:.0%} of it"
+            )
         if name in write_floors:
             alone, batched = write_floors[name].values()
             floor += f"; floor {alone:.0f} us alone, {batched:.0f} us batched"
