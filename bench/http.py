@@ -413,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
         ("list page, tab=unassigned", ["/api/v1/inbox/conversations?limit=50&tab=unassigned"],
          (conversations.list_page_json, conversations.ListQuery(limit=50, tab="unassigned"))),
         ("read one", [f"/api/v1/inbox/conversations/{c}" for c in convs[:500]],
-         (conversations.get, lambda i: convs[i % 500])),
+         (conversations.get_json, lambda i: convs[i % 500])),
         ("counts", ["/api/v1/inbox/conversations/counts"], (conversations.counts, None)),
         ("search (largest channel)", [f"/api/v1/inbox/conversations/search?channelId={ch}&query={w.replace(' ', '%20')}" for w in q],
          (conversations.search, ch, lambda i: q[i % len(q)], 50)),
