@@ -159,7 +159,7 @@ def _scope(
 
 def _page_keys(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> list[tuple[int, int]]:
     """Up to ``q.limit + 1`` (sort_at, pk) of the page, in order (one more tells whether more
-    follow); from the sort index alone."""
+    follow). The sort key comes with each pk: the page's rows then need only their JSON."""
     scope = _scope(conn, who, q.channel_id)
     if scope is None:
         return []
@@ -219,8 +219,8 @@ def _wire_array(conn: sqlite3.Connection, pks: Sequence[int]) -> str:
     """The conversations' stored wire JSON as one array, in the order of ``pks``.
 
     From ``conversation_wire`` alone: the page's order and cursor come from the sort index, so
-    each row costs one lookup instead of two (``load_json`` joins ``conversations`` for them);
-    23 us less for a page of 50 on the 10M-message store."""
+    each row costs one lookup instead of two (``load_json`` joins ``conversations`` for them):
+    103-109 -> 72-73 us for a page of 50 on the 10M-message store."""
     if not pks:
         return "[]"
     cursor = conn.cursor()
