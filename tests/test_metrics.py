@@ -56,6 +56,7 @@ async def test_requests_are_counted_by_route_method_and_status(
     assert (await owner.get(f"{CONV}/conv_nope")).status_code == 404
     assert (await anon.get("/no/such/path")).status_code == 404
     assert (await anon.get(CONV, headers={"Authorization": "Bearer ibx_nope"})).status_code == 401
+    assert (await owner.delete(CONV)).status_code == 405  # no rule takes DELETE there
     samples = await scrape(anon)
     requests = "inboxd_http_requests_total"
     one = "/api/v1/inbox/conversations/<conversation_id>"
@@ -64,6 +65,7 @@ async def test_requests_are_counted_by_route_method_and_status(
     assert value(samples, requests, route=one, method="GET", status="404") == 1
     assert value(samples, requests, route="unmatched", method="GET", status="404") == 1
     assert value(samples, requests, route=CONV, method="GET", status="401") == 1
+    assert value(samples, requests, route="unmatched", method="DELETE", status="405") == 1
     latency = "inboxd_http_request_duration_seconds"
     assert value(samples, f"{latency}_count", route=CONV) == 4
     assert value(samples, f"{latency}_bucket", route=CONV, le="+Inf") == 4
