@@ -518,12 +518,12 @@ async def test_stored_conversation_json_follows_contact_assignee_and_channel(
                 for r in c.execute("SELECT pk FROM conversations WHERE id IN (?, ?)", (cid, other))
             ]
         )
-        stored = store.read_sync(lambda c: conversations.load_json(c, pks, newest_first=False))
+        stored = store.read_sync(lambda c: conversations.wire_array(c, pks))
         built = [
             wire.conversation(c, with_contact=True)
             for c in store.read_sync(conversations.load, pks)
         ]
-        return json.loads(stored.json), built
+        return json.loads(stored), built
 
     stored, built = stored_and_built()
     mine = next(s for s in stored if s["id"] == cid)  # type: ignore[index]

@@ -132,12 +132,13 @@ def test_sql_json_matches_the_wire_module(
         return int(pk)
 
     pk = store.write_sync(arrange)
-    from_sql = store.read_sync(lambda c: conversations.load_json(c, [pk], newest_first=False))
+    from_sql = store.read_sync(lambda c: conversations.load_json(c, [pk]))
     from_model = store.read_sync(conversations.load, [pk])
-    assert json.loads(from_sql.json) == [
-        wire.conversation(c, with_contact=True) for c in from_model
-    ]
+    built = [wire.conversation(c, with_contact=True) for c in from_model]
+    assert json.loads(from_sql.json) == built
     assert from_sql.last == (sort_at, pk)
+    # What list pages serve: the same text, from conversation_wire alone.
+    assert json.loads(store.read_sync(lambda c: conversations.wire_array(c, [pk]))) == built
     who = store.read_sync(accounts.authenticate, seed.owner_key)
     one = store.read_sync(conversations.get_json, who, conv_id)
     assert json.loads(one) == wire.conversation(from_model[0], with_contact=True)

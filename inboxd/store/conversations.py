@@ -46,19 +46,42 @@ class JsonRows:
     last: tuple[int, int] | None
 
 
-def load_json(conn: sqlite3.Connection, pks: Sequence[int], *, newest_first: bool) -> JsonRows:
-    """Conversations by pk as one JSON array: in the order given, or newest first."""
+def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> JsonRows:
+    """Conversations by pk as one JSON array, newest first (search's order)."""
     if not pks:
         return JsonRows(json="[]", last=None)
     marks = ",".join("?" * len(pks))
     rows = conn.execute(f"{_JSON_SELECT} WHERE c.pk IN ({marks})", list(pks)).fetchall()
-    if newest_first:
-        rows.sort(key=lambda r: (r[1], r[0]), reverse=True)
-    else:
-        by_pk = {r[0]: r for r in rows}
-        rows = [by_pk[pk] for pk in pks if pk in by_pk]
+    rows.sort(key=lambda r: (r[1], r[0]), reverse=True)
     last = (rows[-1][1], rows[-1][0]) if rows else None
     return JsonRows(json="[" + ",".join(r[3] for r in rows) + "]", last=last)
+
+
+def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
+    """A cursor whose rows are plain tuples (the connections' ``sqlite3.Row`` costs more)."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    return cursor
+
+
+def wire_array(conn: sqlite3.Connection, pks: Sequence[int]) -> str:
+    """The conversations' stored wire JSON as one array, in the order of ``pks``.
+
+    From ``conversation_wire`` alone: a list page's order and cursor come from the sort index
+    (``_page_keys``), so each row costs one lookup instead of two (``load_json`` joins
+    ``conversations`` for the sort key): 103-109 -> 72-73 us for a page of 50 on the
+    10M-message store (by hand; ``bench http`` prints the list page's floor)."""
+    if not pks:
+        return "[]"
+    found = dict(
+        _tuples(conn)
+        .execute(
+            f"SELECT pk, json FROM conversation_wire WHERE pk IN ({','.join('?' * len(pks))})",
+            list(pks),
+        )
+        .fetchall()
+    )
+    return "[" + ",".join([found[pk] for pk in pks if pk in found]) + "]"
 
 
 def _conversation(r: sqlite3.Row) -> Conversation:
@@ -187,13 +210,15 @@ def _page_keys(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> list[t
         where.append("(c.sort_at, c.pk) < (?, ?)")
         params += list(q.cursor)
     params.append(q.limit + 1)
-    cursor = conn.cursor()
-    cursor.row_factory = None  # plain tuples
-    return cursor.execute(
-        f"SELECT c.sort_at, c.pk FROM conversations c WHERE {' AND '.join(where)}"
-        " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?",
-        params,
-    ).fetchall()
+    return (
+        _tuples(conn)
+        .execute(
+            f"SELECT c.sort_at, c.pk FROM conversations c WHERE {' AND '.join(where)}"
+            " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?",
+            params,
+        )
+        .fetchall()
+    )
 
 
 @attrs.frozen
@@ -209,29 +234,10 @@ def list_page_json(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> Js
     page = keys[: q.limit]
     return JsonPage(
         rows=JsonRows(
-            json=_wire_array(conn, [pk for _, pk in page]), last=page[-1] if page else None
+            json=wire_array(conn, [pk for _, pk in page]), last=page[-1] if page else None
         ),
         has_more=len(keys) > q.limit,
     )
-
-
-def _wire_array(conn: sqlite3.Connection, pks: Sequence[int]) -> str:
-    """The conversations' stored wire JSON as one array, in the order of ``pks``.
-
-    From ``conversation_wire`` alone: the page's order and cursor come from the sort index, so
-    each row costs one lookup instead of two (``load_json`` joins ``conversations`` for them):
-    103-109 -> 72-73 us for a page of 50 on the 10M-message store."""
-    if not pks:
-        return "[]"
-    cursor = conn.cursor()
-    cursor.row_factory = None
-    found = dict(
-        cursor.execute(
-            f"SELECT pk, json FROM conversation_wire WHERE pk IN ({','.join('?' * len(pks))})",
-            list(pks),
-        ).fetchall()
-    )
-    return "[" + ",".join([found[pk] for pk in pks if pk in found]) + "]"
 
 
 # -- search --------------------------------------------------------------------------------------
@@ -321,8 +327,8 @@ def search(
     text = query.strip()
     if len(text) < MIN_QUERY_LEN:
         return SearchResult(
-            contacts=load_json(conn, [], newest_first=True),
-            messages=load_json(conn, [], newest_first=True),
+            contacts=load_json(conn, []),
+            messages=load_json(conn, []),
         )
     in_channel = f"channel : {_phrase(channel_token(channel.pk))}"
     contact_match = f"name : {_phrase(text)}"
@@ -340,8 +346,8 @@ def search(
         set(contact_pks),
     )
     return SearchResult(
-        contacts=load_json(conn, contact_pks, newest_first=True),
-        messages=load_json(conn, message_pks, newest_first=True),
+        contacts=load_json(conn, contact_pks),
+        messages=load_json(conn, message_pks),
     )
 
 
