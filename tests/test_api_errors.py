@@ -108,8 +108,7 @@ async def test_a_body_is_json_by_its_media_type_whatever_its_case_or_parameters(
 
 @pytest.mark.parametrize(
     "path",
-    [
-        "/api/v1/inbox/conversations",
+    [  # (/api/v1/inbox/conversations: test_options_needs_no_key)
         "/api/v1/messaging/messages",
         "/api/v1/channels/ch_any/webhook",
         "/api/v1/inbox/team/members",

@@ -340,6 +340,7 @@ def test_opening_a_store_keeps_sqlite_s_locks_on_the_wal_index(tmp_path: Path) -
 
 async def test_key_cache_survives_other_commits_and_sees_access_changes(tmp_path: Path) -> None:
     from inboxd.api.app import KeyCache
+    from inboxd.ids import hash_api_key
     from inboxd.store import accounts
 
     seed = seed_store(tmp_path / "data")
@@ -356,19 +357,21 @@ async def test_key_cache_survives_other_commits_and_sees_access_changes(tmp_path
             return await real_read(fn, *args)
 
         store.read = counting_read  # type: ignore[method-assign]
-        assert cache.cached(seed.bob_key) is None  # nothing cached yet
+        assert cache.cached(hash_api_key(seed.bob_key)) is None  # nothing cached yet
         first = await cache.lookup(seed.bob_key)
         again = await cache.lookup(seed.bob_key)
         assert first is not None and again == first
         assert lookups == 1  # the second lookup came from the cache
-        assert cache.cached(seed.bob_key) == first  # the requests' path: no store, no await
+        assert (
+            cache.cached(hash_api_key(seed.bob_key)) == first
+        )  # the requests' path: no store, no await
         # A commit that touches no key, user or access (here: an event) keeps the cache, but
         # the sync path cannot know that without reading the store: it says "ask lookup".
         other.write_sync(append_event, 1, False)
-        assert cache.cached(seed.bob_key) is None
+        assert cache.cached(hash_api_key(seed.bob_key)) is None
         assert await cache.lookup(seed.bob_key) == first
         assert lookups == 1
-        assert cache.cached(seed.bob_key) == first
+        assert cache.cached(hash_api_key(seed.bob_key)) == first
         # Channel access changes from another process: the principal is read again.
         ann = await cache.lookup(seed.ann_key)
         assert ann is not None and ann.channel_pks is not None and len(ann.channel_pks) == 2
@@ -390,11 +393,13 @@ async def test_key_cache_survives_other_commits_and_sees_access_changes(tmp_path
         )
         # (The access change emptied the cache: bob's principal is read again, then cached.)
         assert await cache.lookup(seed.bob_key) == first and lookups == 4
-        assert cache.cached(seed.bob_key) == first
+        assert cache.cached(hash_api_key(seed.bob_key)) == first
         other.write_sync(accounts.revoke_key, other.read_sync(accounts.the_account_pk), key_id, 1)
-        assert cache.cached(seed.bob_key) is None  # a commit since: never the stale principal
+        assert (
+            cache.cached(hash_api_key(seed.bob_key)) is None
+        )  # a commit since: never the stale principal
         assert await cache.lookup(seed.bob_key) is None  # revoked: asked the store again
-        assert cache.cached(seed.bob_key) is None
+        assert cache.cached(hash_api_key(seed.bob_key)) is None
         assert lookups == 5
         assert await cache.lookup("ibx_unknown") is None
     finally:

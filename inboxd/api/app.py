@@ -15,6 +15,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
 import attrs
@@ -27,11 +28,11 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import WebsocketMismatch
 
 from inboxd import ids
-from inboxd.api.http import json_response, read_body
+from inboxd.api.http import encoded_json, json_response, read_body
 from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
-from inboxd.errors import InboxError, InvalidRequest, RateLimited, Unauthorized
+from inboxd.errors import Forbidden, InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import FeedHub
 from inboxd.metrics import Metrics
 from inboxd.model import Principal
@@ -112,16 +113,18 @@ class KeyCache:
             self._stamp = stamp
         return self._epoch
 
-    def cached(self, token: str) -> Principal | None:
-        """The key's principal if the cache holds it and nothing was committed since the cache
-        was last checked (no store access, no coroutine); else None: ask ``lookup``."""
+    def cached(self, digest: bytes) -> Principal | None:
+        """The principal of the key with this digest (``ids.hash_api_key``) if the cache holds
+        it and nothing was committed since the cache was last checked (no store access, no
+        coroutine); else None: ask ``lookup``."""
         if self._store.commit_stamp() != self._stamp:
             return None
-        return self._entries.get(ids.hash_api_key(token))
+        return self._entries.get(digest)
 
-    async def lookup(self, token: str) -> Principal | None:
+    async def lookup(self, token: str, digest: bytes | None = None) -> Principal | None:
+        """``digest``: the token's ``ids.hash_api_key``, if the caller has it already."""
         epoch = await self._current_epoch()
-        digest = ids.hash_api_key(token)
+        digest = digest or ids.hash_api_key(token)
         who = self._entries.get(digest)
         if who is not None:
             return who
@@ -149,10 +152,22 @@ def principal() -> Principal:
     return cast(Principal, g.principal)
 
 
-def preflight() -> bool:
-    """Whether this is an OPTIONS request: the API's hooks let those through without a key
-    (CORS preflights carry none), and Quart answers them."""
-    return request.method == "OPTIONS"
+def owner_only(doing: str) -> Callable[[], Awaitable[None]]:
+    """A ``before_request`` hook (after ``authenticate``) that lets only the account owner's key
+    in: 403 ``forbidden``, "only the account owner's key may {doing}". OPTIONS passes, as in
+    ``authenticate``."""
+
+    async def hook() -> None:
+        if request.method != "OPTIONS":
+            require_owner(doing)
+
+    return hook
+
+
+def require_owner(doing: str) -> None:
+    """403 ``forbidden`` unless the request's key is the account owner's."""
+    if not principal().is_owner:
+        raise Forbidden(f"only the account owner's key may {doing}")
 
 
 async def authenticate() -> Response | None:
@@ -165,13 +180,14 @@ async def authenticate() -> Response | None:
     req = cast(Request, cast(Any, request)._get_current_object())
     method = req.method
     if method == "OPTIONS":
-        return None  # CORS preflights and OPTIONS carry no key; Quart answers them
+        return None  # OPTIONS carries no key: Quart answers it (200 with Allow)
     scheme, _, token = req.headers.get("Authorization", "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("send the API key as 'Authorization: Bearer <key>'")
     st = state()
-    who = st.keys.cached(token) or await st.keys.lookup(token)
+    digest = ids.hash_api_key(token)
+    who = st.keys.cached(digest) or await st.keys.lookup(token, digest)
     if who is None:
         raise Unauthorized("the API key is unknown or revoked")
     take_rate(who, st)
@@ -211,12 +227,7 @@ async def _idempotency_claim(req: Request, who: Principal, st: AppState) -> Resp
         idempotency.claim, who.user_pk, key, fingerprint, st.clock.now_us()
     )
     if stored is not None:
-        return Response(
-            stored.body,
-            status=stored.status,
-            content_type="application/json",
-            headers={"Idempotent-Replayed": "true"},
-        )
+        return encoded_json(stored.body, stored.status, {"Idempotent-Replayed": "true"})
     g.idempotency_key = key
     IDEMPOTENT_WRITE.set((who.user_pk, key))
     return None

@@ -7,9 +7,9 @@ from typing import Any, Final
 
 from quart import Blueprint, Response, request
 
-from inboxd.api.app import authenticate, now_us, preflight, principal, state
+from inboxd.api.app import authenticate, now_us, owner_only, principal, state
 from inboxd.api.http import field, json_body, json_response
-from inboxd.errors import Forbidden, InvalidRequest, NotFound
+from inboxd.errors import InvalidRequest, NotFound
 from inboxd.store import accounts
 from inboxd.store import channel_webhooks as cw
 from inboxd.timeutil import format_opt
@@ -22,10 +22,7 @@ public = Blueprint("channels_public", __name__, url_prefix="/api/v1/channels")
 MAX_URLS: Final = 10
 
 
-@blueprint.before_request
-async def owner_only() -> None:
-    if not preflight() and not principal().is_owner:
-        raise Forbidden("only the account owner's key may manage channel webhooks")
+blueprint.before_request(owner_only("manage channel webhooks"))
 
 
 async def _channel_pk(channel_id: str) -> int:

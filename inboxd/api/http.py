@@ -33,14 +33,15 @@ def dumps(obj: Any) -> bytes:
 def json_response(
     obj: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
-    return Response(
-        dumps(obj), status=status, headers=dict(headers or {}), content_type="application/json"
-    )
+    return encoded_json(dumps(obj), status, headers)
 
 
-def encoded_json(body: bytes | str) -> Response:
-    """A 200 whose JSON is already encoded (stored, built in SQL, or by the writer process)."""
-    return Response(body, content_type="application/json")
+def encoded_json(
+    body: bytes | str, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    """A response whose JSON is already encoded (stored, built in SQL, by the writer process,
+    or kept for an Idempotency-Key)."""
+    return Response(body, status=status, headers=dict(headers or {}), content_type=_JSON)
 
 
 # -- query parameters ----------------------------------------------------------------------------

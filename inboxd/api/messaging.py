@@ -12,9 +12,9 @@ from typing import Any, Final
 from quart import Blueprint, Response
 
 from inboxd import wire
-from inboxd.api.app import authenticate, now_us, preflight, principal, state
+from inboxd.api.app import authenticate, now_us, owner_only, principal, state
 from inboxd.api.http import field, field_instant, json_body, json_response
-from inboxd.errors import Forbidden, InvalidRequest
+from inboxd.errors import InvalidRequest
 from inboxd.model import DIRECTIONS, SYSTEM
 from inboxd.store import messages
 
@@ -34,10 +34,7 @@ MAX_TEMPLATE_LANGUAGE: Final = 32
 MAX_MEDIA_DURATION: Final = 10**9
 
 
-@blueprint.before_request
-async def owner_only() -> None:
-    if not preflight() and not principal().is_owner:
-        raise Forbidden("only the account owner's key may report messages")
+blueprint.before_request(owner_only("report messages"))
 
 
 def _phone_digits(raw: str) -> str:

@@ -7,9 +7,8 @@ from typing import Any
 from quart import Blueprint, Response
 
 from inboxd import cursors
-from inboxd.api.app import authenticate, now_us, principal, state
+from inboxd.api.app import authenticate, now_us, principal, require_owner, state
 from inboxd.api.http import arg_cursor, arg_limit, field, json_body, json_response
-from inboxd.errors import Forbidden
 from inboxd.store import webhooks
 from inboxd.timeutil import format_opt, format_us
 from inboxd.webhooks import catalog
@@ -17,11 +16,6 @@ from inboxd.webhooks.client import validate_url
 
 blueprint = Blueprint("webhook", __name__, url_prefix="/api/v1/inbox/webhook")
 blueprint.before_request(authenticate)
-
-
-def _owner_only() -> None:
-    if not principal().is_owner:
-        raise Forbidden("only the account owner's key may change the inbox webhook")
 
 
 def configuration(hook: webhooks.InboxWebhook | None) -> dict[str, Any]:
@@ -54,7 +48,7 @@ async def get_webhook() -> Response:
 
 @blueprint.put("")
 async def put_webhook() -> Response:
-    _owner_only()
+    require_owner("change the inbox webhook")
     body = await json_body()
     url = field(body, "url", str, required=True)
     validate_url(url, allow_private=state().config.webhooks.allow_private_hosts)
@@ -64,14 +58,14 @@ async def put_webhook() -> Response:
 
 @blueprint.delete("")
 async def delete_webhook() -> Response:
-    _owner_only()
+    require_owner("change the inbox webhook")
     removed = await state().store.write(webhooks.delete, principal().account_pk)
     return json_response({"removed": removed})
 
 
 @blueprint.post("/secret")
 async def rotate_secret() -> Response:
-    _owner_only()
+    require_owner("change the inbox webhook")
     await json_body(required=False)
     saved = await state().store.write(webhooks.rotate, principal().account_pk, now_us())
     return _saved(saved)
@@ -79,7 +73,7 @@ async def rotate_secret() -> Response:
 
 @blueprint.get("/deliveries")
 async def list_deliveries() -> Response:
-    _owner_only()
+    require_owner("change the inbox webhook")
     rows, has_more = await state().store.read(
         webhooks.list_deliveries, principal().account_pk, arg_limit(), arg_cursor()
     )
@@ -108,7 +102,7 @@ async def list_deliveries() -> Response:
 
 @blueprint.post("/deliveries/<event_id>/redeliver")
 async def redeliver(event_id: str) -> Response:
-    _owner_only()
+    require_owner("change the inbox webhook")
     await json_body(required=False)
     await state().store.write(webhooks.queue_redelivery, principal().account_pk, event_id, now_us())
     return json_response({"eventId": event_id, "queued": True}, 202)
