@@ -509,6 +509,7 @@ def run(args: argparse.Namespace) -> int:
     patch_ceilings: dict[str, dict[str, float]] = {}
     sized_ceilings: dict[str, dict[str, float]] = {}
     sizes: dict[str, int] = {}
+    slice_shares: dict[str, list[float]] = {}
     read_seconds: dict[str, float] = {}
     write_targets: dict[str, list[str]] = {}
     bare = None
@@ -565,6 +566,9 @@ def run(args: argparse.Namespace) -> int:
             if sized:
                 sized_ceilings[name] = combine(sized)
             results[name] = combine(mine)
+            # Each slice over the ceiling's slice just before it: how far the machine moved the
+            # share within the row (the share itself is of the sums, above).
+            slice_shares[name] = [m["rps"] / t["rps"] for m, t in zip(mine, theirs, strict=True)]
 
         def wanted(name: str) -> bool:
             words = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -603,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
 
     median = sorted(c["rps"] for c in ceilings.values())[len(ceilings) // 2] if ceilings else 0.0
     rows = [
-        ("endpoint", "req/s  p50 / p99 ms", "ceiling before it; share; store floor"),
+        ("endpoint", "req/s  p50 / p99 ms", "ceiling before it; share (its slices); store floor"),
         ("ceiling (median)", f"{median:,.0f}", ""),
         (
             "start-up until /readyz",
@@ -614,6 +618,8 @@ def run(args: argparse.Namespace) -> int:
     for name, r in results.items():
         ceiling = ceilings[name]["rps"]
         share = f"{ceiling:,.0f}; {r['rps'] / ceiling:.0%}"
+        if len(slice_shares.get(name, ())) > 1:
+            share += f" (slices {min(slice_shares[name]):.0%}-{max(slice_shares[name]):.0%})"
         floor = f"; floor {floors[name]:.0f} us" if name in floors else ""
         errors = f"; {r['non_2xx']:.0f} non-2xx" if r["non_2xx"] else ""
         if (target := share_target(name)) is not None:
@@ -692,6 +698,7 @@ def run(args: argparse.Namespace) -> int:
             "search_latency": search,
             "read_through_seconds": read_seconds,
             "targets": targets,
+            "slice_shares": slice_shares,
         },
     )
     return 0
