@@ -31,30 +31,35 @@ LEFT JOIN users u ON u.pk = c.assigned_to_pk
 
 # Conversations with their wire JSON: kept by triggers (schema v11, CONVERSATION_JSON_SQL), so a
 # page reads stored text instead of building it; a test holds it to wire.py for every field.
-_JSON_SELECT: Final = """
-SELECT c.pk, c.sort_at, c.channel_pk, w.json
+# The stored JSON comes back as its UTF-8 bytes (CAST ... AS BLOB), which go into the response as
+# they are. Read as text, Python decodes it into a str and the response encodes it again: the
+# same for ASCII, but a page of 50 rows with accented names cost twice as much, and with emoji
+# (4-byte characters, common in chat) ten times (bench/HISTORY.md, twelfth session).
+WIRE_JSON: Final = "CAST(w.json AS BLOB)"
+_JSON_SELECT: Final = f"""
+SELECT c.pk, c.sort_at, c.channel_pk, {WIRE_JSON}
 FROM conversations c JOIN conversation_wire w ON w.pk = c.pk
 """
 
 
 @attrs.frozen
 class JsonRows:
-    """Conversations (with contact) already encoded as a JSON array, and the last one's cursor
-    key (sort_at, pk)."""
+    """Conversations (with contact) already encoded as a JSON array (UTF-8), and the last
+    one's cursor key (sort_at, pk)."""
 
-    json: str
+    json: bytes
     last: tuple[int, int] | None
 
 
 def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> JsonRows:
     """Conversations by pk as one JSON array, newest first (search's order)."""
     if not pks:
-        return JsonRows(json="[]", last=None)
+        return JsonRows(json=b"[]", last=None)
     marks = ",".join("?" * len(pks))
     rows = conn.execute(f"{_JSON_SELECT} WHERE c.pk IN ({marks})", list(pks)).fetchall()
     rows.sort(key=lambda r: (r[1], r[0]), reverse=True)
     last = (rows[-1][1], rows[-1][0]) if rows else None
-    return JsonRows(json="[" + ",".join(r[3] for r in rows) + "]", last=last)
+    return JsonRows(json=b"[" + b",".join(r[3] for r in rows) + b"]", last=last)
 
 
 def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
@@ -64,7 +69,7 @@ def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
     return cursor
 
 
-def wire_array(conn: sqlite3.Connection, pks: Sequence[int]) -> str:
+def wire_array(conn: sqlite3.Connection, pks: Sequence[int]) -> bytes:
     """The conversations' stored wire JSON as one array, in the order of ``pks``.
 
     From ``conversation_wire`` alone: a list page's order and cursor come from the sort index
@@ -72,16 +77,17 @@ def wire_array(conn: sqlite3.Connection, pks: Sequence[int]) -> str:
     ``conversations`` for the sort key): 103-109 -> 72-73 us for a page of 50 on the
     10M-message store (by hand; ``bench http`` prints the list page's floor)."""
     if not pks:
-        return "[]"
+        return b"[]"
     found = dict(
         _tuples(conn)
         .execute(
-            f"SELECT pk, json FROM conversation_wire WHERE pk IN ({','.join('?' * len(pks))})",
+            f"SELECT w.pk, {WIRE_JSON} FROM conversation_wire w"
+            f" WHERE w.pk IN ({','.join('?' * len(pks))})",
             list(pks),
         )
         .fetchall()
     )
-    return "[" + ",".join([found[pk] for pk in pks if pk in found]) + "]"
+    return b"[" + b",".join([found[pk] for pk in pks if pk in found]) + b"]"
 
 
 def _conversation(r: sqlite3.Row) -> Conversation:
@@ -140,14 +146,14 @@ def get(conn: sqlite3.Connection, who: Principal, conversation_id: str) -> Conve
     return _conversation(row)
 
 
-def get_json(conn: sqlite3.Connection, who: Principal, conversation_id: str) -> str:
-    """``get``, already encoded for the wire (what the API serves)."""
+def get_json(conn: sqlite3.Connection, who: Principal, conversation_id: str) -> bytes:
+    """``get``, already encoded for the wire (what the API serves), as UTF-8."""
     row = conn.execute(
         f"{_JSON_SELECT} WHERE c.id = ? AND c.account_pk = ?", (conversation_id, who.account_pk)
     ).fetchone()
     if row is None or not who.can_open(row[2]):
         raise NotFound(f"conversation {conversation_id} does not exist")
-    return str(row[3])
+    return bytes(row[3])
 
 
 # -- the list ------------------------------------------------------------------------------------

@@ -123,8 +123,9 @@ _iso = iso_sql
 # exact, and the largest ones overflow to infinity when read back), so the REAL columns are left
 # null in the JSON and come back raw beside it; a row that has one is filled in by Python
 # (shortest round-trip repr). Most messages have none.
+# As UTF-8 bytes, which the response takes as they are (see conversations.WIRE_JSON).
 _JSON_SELECT: Final = f"""
-SELECT m.pk, m.created_at, m.media_duration, m.latitude, m.longitude, json_object(
+SELECT m.pk, m.created_at, m.media_duration, m.latitude, m.longitude, CAST(json_object(
     'id', m.id, 'conversationId', c.id, 'channelId', ch.id, 'direction', m.direction,
     'type', m.type, 'content', m.content, 'mediaUrl', m.media_url, 'mediaType', m.media_type,
     'fileName', m.file_name, 'fileSize', m.file_size, 'mediaDuration', NULL,
@@ -143,30 +144,30 @@ SELECT m.pk, m.created_at, m.media_duration, m.latitude, m.longitude, json_objec
                                'direction', q.direction, 'contactName', qct.name,
                                'contactPhone', qct.phone_number, 'mediaUrl', q.media_url,
                                'fileName', q.file_name) END,
-    'latitude', NULL, 'longitude', NULL)
+    'latitude', NULL, 'longitude', NULL) AS BLOB)
 {_FROM}
 """
 
 
-def _exact_floats(r: sqlite3.Row | tuple[Any, ...]) -> str:
-    text: str = r[5]
+def _exact_floats(r: sqlite3.Row | tuple[Any, ...]) -> bytes:
+    text: bytes = r[5]
     if r[2] is None and r[3] is None and r[4] is None:
         return text
     fixed = orjson.loads(text)
     fixed["mediaDuration"], fixed["latitude"], fixed["longitude"] = r[2], r[3], r[4]
-    return orjson.dumps(fixed).decode()
+    return orjson.dumps(fixed)
 
 
-def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> str:
-    """Messages by pk as one JSON array, in the order given."""
+def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> bytes:
+    """Messages by pk as one JSON array (UTF-8), in the order given."""
     if not pks:
-        return "[]"
+        return b"[]"
     marks = ",".join("?" * len(pks))
     by_pk = {
         r[0]: _exact_floats(r)
         for r in conn.execute(f"{_JSON_SELECT} WHERE m.pk IN ({marks})", list(pks))
     }
-    return "[" + ",".join(by_pk[pk] for pk in pks if pk in by_pk) + "]"
+    return b"[" + b",".join([by_pk[pk] for pk in pks if pk in by_pk]) + b"]"
 
 
 def load_one(conn: sqlite3.Connection, pk: int) -> Message:
@@ -604,7 +605,7 @@ def _history_pks(
 
 @attrs.frozen
 class JsonHistoryPage:
-    json: str  # the page's messages as a JSON array
+    json: bytes  # the page's messages as a JSON array (UTF-8)
     last: tuple[int, int] | None  # the last row's (created_at, pk): the next cursor
     has_more: bool
 
