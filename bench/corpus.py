@@ -6,8 +6,8 @@ the same on every machine with the same Python), drawn with Zipf-like weights so
 common and rare ones rare, as in real text.
 
 Chat text is not ASCII: names carry accents or are written in other scripts, customers write in
-their own languages, and many messages carry an emoji (4 bytes in UTF-8, a character outside the
-Basic Multilingual Plane). Stores built before the twelfth session had none of it, which hid a
+their own languages, and many messages carry an emoji (most of them 4 bytes in UTF-8, outside
+the Basic Multilingual Plane). Stores built before the twelfth session had none of it, which hid a
 cost that only such text has (bench/HISTORY.md, twelfth session). Since then about a third of
 the names and a quarter of the stock phrases are beyond ASCII, and about a quarter of the
 messages end with an emoji.

@@ -568,7 +568,9 @@ def run(args: argparse.Namespace) -> int:
             results[name] = combine(mine)
             # Each slice over the ceiling's slice just before it: how far the machine moved the
             # share within the row (the share itself is of the sums, above).
-            slice_shares[name] = [m["rps"] / t["rps"] for m, t in zip(mine, theirs, strict=True)]
+            slice_shares[name] = [
+                m["rps"] / t["rps"] for m, t in zip(mine, theirs, strict=True) if t["rps"] > 0
+            ]
 
         def wanted(name: str) -> bool:
             words = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -617,7 +619,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     for name, r in results.items():
         ceiling = ceilings[name]["rps"]
-        share = f"{ceiling:,.0f}; {r['rps'] / ceiling:.0%}"
+        share = f"{ceiling:,.0f}; {r['rps'] / ceiling:.1%}"  # (a verdict is of the unrounded)
         if len(slice_shares.get(name, ())) > 1:
             share += f" (slices {min(slice_shares[name]):.0%}-{max(slice_shares[name]):.0%})"
         floor = f"; floor {floors[name]:.0f} us" if name in floors else ""

@@ -33,8 +33,9 @@ LEFT JOIN users u ON u.pk = c.assigned_to_pk
 # page reads stored text instead of building it; a test holds it to wire.py for every field.
 # The stored JSON comes back as its UTF-8 bytes (CAST ... AS BLOB), which go into the response as
 # they are. Read as text, Python decodes it into a str and the response encodes it again: the
-# same for ASCII, but a page of 50 rows with accented names cost twice as much, and with emoji
-# (4-byte characters, common in chat) ten times (bench/HISTORY.md, twelfth session).
+# same for ASCII, but reading and encoding 50 rows with accented names took twice as long, and
+# with emoji (common in chat) ten times; a served list page cost the trio thread about a sixth
+# more (bench/HISTORY.md, twelfth session).
 WIRE_JSON: Final = "CAST(w.json AS BLOB)"
 _JSON_SELECT: Final = f"""
 SELECT c.pk, c.sort_at, c.channel_pk, {WIRE_JSON}
