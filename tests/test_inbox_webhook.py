@@ -103,6 +103,17 @@ async def test_user_keys_cannot_change_the_webhook(owner: httpx.AsyncClient, see
         assert response.status_code == 403, path
         assert response.json()["error"]["code"] == "forbidden"
     assert (await owner.get(HOOK, headers=ann)).status_code == 200
+    # The delivery log and redelivery are the owner's too, each saying what was refused.
+    for method, path, doing in (
+        ("GET", f"{HOOK}/deliveries", "see the inbox webhook's deliveries"),
+        ("POST", f"{HOOK}/deliveries/evt_x/redeliver", "redeliver inbox webhook events"),
+    ):
+        response = await owner.request(method, path, headers=ann)
+        assert response.status_code == 403, path
+        assert response.json()["error"] == {
+            "code": "forbidden",
+            "message": f"only the account owner's key may {doing}",
+        }
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ async def rotate_secret() -> Response:
 
 @blueprint.get("/deliveries")
 async def list_deliveries() -> Response:
-    require_owner("change the inbox webhook")
+    require_owner("see the inbox webhook's deliveries")
     rows, has_more = await state().store.read(
         webhooks.list_deliveries, principal().account_pk, arg_limit(), arg_cursor()
     )
@@ -102,7 +102,7 @@ async def list_deliveries() -> Response:
 
 @blueprint.post("/deliveries/<event_id>/redeliver")
 async def redeliver(event_id: str) -> Response:
-    require_owner("change the inbox webhook")
+    require_owner("redeliver inbox webhook events")
     await json_body(required=False)
     await state().store.write(webhooks.queue_redelivery, principal().account_pk, event_id, now_us())
     return json_response({"eventId": event_id, "queued": True}, 202)
