@@ -8,7 +8,8 @@ request at a time, and times the thread's CPU per request; each figure is the mi
 reads it adds to the same app a bare 1 KB JSON route (at the app, in a blueprint, and in a
 blueprint behind the API's key check), so the table shows what each layer adds; and times the
 bare quart-trio app of ``bench http``'s ceiling (``bench/bare.py``) called the same way, the
-store's read of one conversation and the key cache's hit alone.
+store's read of one conversation and the key cache's hit alone, and the first list page's rows
+read and encoded as the route does (bytes) and as it did before the twelfth session (text).
 
 The store is only read (GET requests; the key's lastUsedAt stays in memory).
 """
@@ -16,11 +17,13 @@ The store is only read (GET requests; the key's lastUsedAt stays in memory).
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import trio
 from quart import Blueprint
 
@@ -131,6 +134,18 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         timed.update({name: (lambda scope=scope: call(scope)) for name, scope in routes.items()})
         timed["the store's read of one conversation, alone"] = read_one
         timed["the key's hash and the key cache's hit (KeyCache.cached), alone"] = lookup
+        # The first list page's rows read and encoded into the answer, as the route does (the
+        # stored JSON's UTF-8 bytes) and as it did before the twelfth session (decoded into a
+        # str, joined, encoded again): the same for ASCII, dearer for text beyond it.
+        keys = store.read_sync(conversations._page_keys, who, conversations.ListQuery(limit=50))
+        page_pks = [pk for _, pk in keys[:50]]
+        as_text = store.read_sync(_page_as_text, page_pks)
+        beyond = "" if as_text.isascii() else ", text beyond ASCII"
+        as_bytes = f"the first list page's rows read and encoded as bytes{beyond}, alone"
+        timed[as_bytes] = lambda: _encode_page(store.read_sync(conversations.wire_array, page_pks))
+        timed[f"the same as text (before the twelfth session){beyond}, alone"] = lambda: (
+            _encode_page(store.read_sync(_page_as_text, page_pks))
+        )
         best = dict.fromkeys(timed, float("inf"))
         for _ in range(args.rounds):
             for name, fn in timed.items():
@@ -141,6 +156,21 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         return {name: seconds * 1e6 for name, seconds in best.items()}
     finally:
         store.close()
+
+
+def _page_as_text(conn: sqlite3.Connection, pks: list[int]) -> str:
+    """``conversations.wire_array`` as it read the JSON before the twelfth session: as text."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    marks = ",".join("?" * len(pks))
+    found = dict(
+        cursor.execute(f"SELECT pk, json FROM conversation_wire WHERE pk IN ({marks})", pks)
+    )
+    return "[" + ",".join([found[pk] for pk in pks if pk in found]) + "]"
+
+
+async def _encode_page(rows: bytes | str) -> bytes:
+    return orjson.dumps({"data": orjson.Fragment(rows), "pagination": {"hasMore": True}})
 
 
 def run(args: argparse.Namespace) -> int:

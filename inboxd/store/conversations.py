@@ -35,7 +35,7 @@ LEFT JOIN users u ON u.pk = c.assigned_to_pk
 # they are. Read as text, Python decodes it into a str and the response encodes it again: the
 # same for ASCII, but reading and encoding 50 rows with accented names took twice as long, and
 # with emoji (common in chat) ten times; a served list page cost the trio thread about a sixth
-# more (bench/HISTORY.md, twelfth session).
+# more (bench/HISTORY.md, twelfth session; `bench app` prints both ways for a store's first page).
 WIRE_JSON: Final = "CAST(w.json AS BLOB)"
 _JSON_SELECT: Final = f"""
 SELECT c.pk, c.sort_at, c.channel_pk, {WIRE_JSON}
