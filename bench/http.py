@@ -59,6 +59,10 @@ def share_target(name: str) -> float | None:
     return next((share for start, share in SHARE_TARGETS if name.startswith(start)), None)
 
 
+def _verdict(figure: str, value: float, shown: str, target: str, met: bool) -> dict[str, Any]:
+    return {"figure": figure, "value": value, "shown": shown, "target": target, "met": met}
+
+
 def verdicts(
     results: dict[str, dict[str, float]],
     ceilings: dict[str, dict[str, float]],
@@ -66,50 +70,47 @@ def verdicts(
     search: dict[str, dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """Each target this run measured: what, its figure (and as shown), the target, and whether
-    it was met.
-    "Met" is strict and unrounded: a share of 84.99 % misses 85 %, a p99 of 50.0 ms misses
-    "under 50 ms"."""
-    out: list[dict[str, Any]] = [
-        {
-            "figure": "start-up until /readyz",
-            "value": startup,
-            "shown": f"{startup:.2f} s",
-            "target": f"< {STARTUP_TARGET_SECONDS:g} s",
-            "met": startup < STARTUP_TARGET_SECONDS,
-        }
+    it was met. "Met" is strict and unrounded: a share of 84.99 % misses 85 %, a p99 of 50.0 ms
+    misses "under 50 ms"."""
+    limit = STARTUP_TARGET_SECONDS
+    out = [
+        _verdict(
+            "start-up until /readyz", startup, f"{startup:.2f} s", f"< {limit:g} s", startup < limit
+        )
     ]
     for name, r in results.items():
         share = share_target(name)
         if share is None:
             continue
-        ratio = r["rps"] / ceilings[name]["rps"]
+        ratio, p99 = r["rps"] / ceilings[name]["rps"], r["p99_ms"]
         out.append(
-            {
-                "figure": f"{name}: share of the ceiling",
-                "value": ratio,
-                "shown": f"{ratio:.1%}",
-                "target": f">= {share:.0%}",
-                "met": ratio >= share,
-            }
+            _verdict(
+                f"{name}: share of the ceiling",
+                ratio,
+                f"{ratio:.1%}",
+                f">= {share:.0%}",
+                ratio >= share,
+            )
         )
         out.append(
-            {
-                "figure": f"{name}: p99",
-                "value": r["p99_ms"],
-                "shown": f"{r['p99_ms']:.1f} ms",
-                "target": f"< {P99_TARGET_MS:g} ms",
-                "met": r["p99_ms"] < P99_TARGET_MS,
-            }
+            _verdict(
+                f"{name}: p99",
+                p99,
+                f"{p99:.1f} ms",
+                f"< {P99_TARGET_MS:g} ms",
+                p99 < P99_TARGET_MS,
+            )
         )
     for size, figures in search.items():
+        p99 = figures["p99_ms"]
         out.append(
-            {
-                "figure": f"search p99, {size} channel",
-                "value": figures["p99_ms"],
-                "shown": f"{figures['p99_ms']:.1f} ms",
-                "target": f"< {SEARCH_P99_TARGET_MS:g} ms",
-                "met": figures["p99_ms"] < SEARCH_P99_TARGET_MS,
-            }
+            _verdict(
+                f"search p99, {size} channel",
+                p99,
+                f"{p99:.1f} ms",
+                f"< {SEARCH_P99_TARGET_MS:g} ms",
+                p99 < SEARCH_P99_TARGET_MS,
+            )
         )
     return out
 
@@ -602,10 +603,12 @@ def run(args: argparse.Namespace) -> int:
     }
     search = search_latency(data, ids)
     targets = verdicts(results, ceilings, startup, search)
-    met = {v["figure"]: v["met"] for v in targets}
+    by_figure = {v["figure"]: v for v in targets}
 
     def mark(figure: str) -> str:
-        return "" if figure not in met else (": met" if met[figure] else ": MISSED")
+        """'target X: met' (or MISSED) for a figure held to a target."""
+        v = by_figure[figure]
+        return f"target {v['target']}: {'met' if v['met'] else 'MISSED'}"
 
     median = sorted(c["rps"] for c in ceilings.values())[len(ceilings) // 2] if ceilings else 0.0
     rows = [
@@ -614,7 +617,7 @@ def run(args: argparse.Namespace) -> int:
         (
             "start-up until /readyz",
             f"{startup:.2f} s",
-            f"target < {STARTUP_TARGET_SECONDS:g} s{mark('start-up until /readyz')}",
+            mark("start-up until /readyz"),
         ),
     ]
     for name, r in results.items():
@@ -624,11 +627,8 @@ def run(args: argparse.Namespace) -> int:
             share += f" (slices {min(slice_shares[name]):.0%}-{max(slice_shares[name]):.0%})"
         floor = f"; floor {floors[name]:.0f} us" if name in floors else ""
         errors = f"; {r['non_2xx']:.0f} non-2xx" if r["non_2xx"] else ""
-        if (target := share_target(name)) is not None:
-            share += (
-                f" (target >= {target:.0%}{mark(f'{name}: share of the ceiling')};"
-                f" p99 < {P99_TARGET_MS:g} ms{mark(f'{name}: p99')})"
-            )
+        if share_target(name) is not None:
+            share += f" ({mark(f'{name}: share of the ceiling')}; p99 {mark(f'{name}: p99')})"
         if name in sized_ceilings:
             same = sized_ceilings[name]["rps"]
             floor += (
@@ -673,7 +673,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{figures['p50_ms']:.1f} / {figures['p99_ms']:.1f} ms",
                 f"{conversations_in_it:,} conversations; one query at a time, store level;"
                 f" slowest first run {figures['slowest_first_run_ms']:.1f} ms;"
-                f" target p99 < {SEARCH_P99_TARGET_MS:g} ms{mark(f'search p99, {size} channel')}",
+                f" p99 {mark(f'search p99, {size} channel')}",
             )
         )
     missed = [v for v in targets if not v["met"]]
