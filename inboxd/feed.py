@@ -62,11 +62,14 @@ def from_journal(e: JournalEvent, account_pk: int) -> FeedEvent:
 
 
 def visible(who: Principal, event: FeedEvent) -> bool:
-    if event.account_pk != who.account_pk:
-        return False
-    if event.channel_pk is None:
+    return event.account_pk == who.account_pk and may_see(who, event.channel_pk)
+
+
+def may_see(who: Principal, channel_pk: int | None) -> bool:
+    """Whether a key may see an event of its own account about this channel (or none)."""
+    if channel_pk is None:
         return who.is_owner  # inbox.user.* events: owner keys only
-    return who.can_open(event.channel_pk)
+    return who.can_open(channel_pk)
 
 
 def concerns_user(event: FeedEvent, user_id: str) -> bool:

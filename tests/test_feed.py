@@ -19,6 +19,7 @@ from trio_websocket import (
 )
 
 from inboxd import daemon
+from inboxd.api import feed as feed_api
 from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
 from tests.conftest import Seed, auth, ingest
 from tests.openapi_check import check_feed_frame
@@ -283,6 +284,42 @@ async def test_rest_events_same_stream_and_visibility(
     assert [e["data"]["content"] for e in bobs["events"]] == ["m1", "m3"]
     assert all(set(e) == {"seq", "id", "type", "createdAt", "data"} for e in bobs["events"])
     assert (await owner.get("/api/v1/inbox/events", params={"after": "x"})).status_code == 400
+
+
+async def test_rest_events_pages_walk_the_stream_exactly(
+    owner: httpx.AsyncClient, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every page but the last is full and says hasMore; the last says none. Bob's key sees
+    only every other event, and the route's reads are made small here, so his pages end
+    inside the route's reads of the journal as well as on their ends."""
+    monkeypatch.setattr(feed_api, "REPLAY_BATCH", 4)
+    texts = [f"{i} ¿Dónde está? 🚚 お願いします" for i in range(9)]
+    for i, text in enumerate(texts):
+        channel = seeded.sales_id if i % 2 else seeded.support_id
+        await ingest(owner, channel, f"1555010{i}", content=text)
+    for key, expected in ((seeded.owner_key, texts), (seeded.bob_key, texts[1::2])):
+        for limit in (1, 2, 3, 4, 9, 10):
+            seen: list[str] = []
+            after = 0
+            while True:
+                response = await owner.get(
+                    "/api/v1/inbox/events",
+                    params={"after": after, "limit": limit},
+                    headers=auth(key),
+                )
+                assert response.status_code == 200
+                page = response.json()
+                seen += [e["data"]["content"] for e in page["events"]]
+                assert page["nextAfter"] >= after
+                after = page["nextAfter"]
+                if not page["hasMore"]:
+                    break
+                assert len(page["events"]) == limit
+            assert seen == expected, (key, limit)
+            tail = (
+                await owner.get("/api/v1/inbox/events", params={"after": after}, headers=auth(key))
+            ).json()
+            assert tail == {"events": [], "nextAfter": after, "hasMore": False, "reset": False}
 
 
 async def test_shutdown_closes_sockets_with_1001_and_exits(seeded: Seed) -> None:
