@@ -80,8 +80,8 @@ async def search_conversations() -> Response:
     result = await state().store.read(conversations.search, principal(), channel_id, query, limit)
     return json_response(
         {
-            "contacts": orjson.Fragment(result.contacts.json),
-            "messages": orjson.Fragment(result.messages.json),
+            "contacts": orjson.Fragment(result.contacts),
+            "messages": orjson.Fragment(result.messages),
         }
     )
 

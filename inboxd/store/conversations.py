@@ -52,15 +52,14 @@ class JsonRows:
     last: tuple[int, int] | None
 
 
-def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> JsonRows:
-    """Conversations by pk as one JSON array, newest first (search's order)."""
+def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> bytes:
+    """Conversations by pk as one JSON array (UTF-8), newest first (search's order)."""
     if not pks:
-        return JsonRows(json=b"[]", last=None)
+        return b"[]"
     marks = ",".join("?" * len(pks))
     rows = conn.execute(f"{_JSON_SELECT} WHERE c.pk IN ({marks})", list(pks)).fetchall()
     rows.sort(key=lambda r: (r[1], r[0]), reverse=True)
-    last = (rows[-1][1], rows[-1][0]) if rows else None
-    return JsonRows(json=b"[" + b",".join(r[3] for r in rows) + b"]", last=last)
+    return b"[" + b",".join(r[3] for r in rows) + b"]"
 
 
 def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
@@ -257,8 +256,8 @@ _PHONE_LIKE: Final = re.compile(r"^[0-9 +()\-.]+$")
 class SearchResult:
     """Both lists encoded for the wire, newest first."""
 
-    contacts: JsonRows
-    messages: JsonRows
+    contacts: bytes
+    messages: bytes
 
 
 # The trigram index drives each search: the query asks for the text AND the channel's token
