@@ -112,26 +112,35 @@ class Mailer:
                 await queued.wait_past(version)
 
     async def _round(self) -> float:
-        """Send every due mail; return the trio time of the next retry (inf if none)."""
-        pending = await self._store.read(mail.pending, 0, BATCH)
-        now = trio.current_time()
-        for m in pending:
-            if self._retry_at.get(m.pk, 0.0) > now:
-                continue
-            try:
-                await self.send(m)
-            except Exception as exc:  # the mail server, not us: retry later
-                pause = RETRY_PAUSES[min(m.attempts, len(RETRY_PAUSES) - 1)]
-                self._retry_at[m.pk] = trio.current_time() + pause
-                await self._store.write(mail.mark_failed, m.pk, f"{type(exc).__name__}: {exc}")
-                log.warning(
-                    "mail not sent; will retry",
-                    extra={"mail": m.pk, "to": m.to_addr, "error": str(exc), "retry_in": pause},
-                )
-                continue
-            await self._store.write(mail.mark_sent, m.pk, self._clock.now_us())
-            self._retry_at.pop(m.pk, None)
-            log.info("mail sent", extra={"mail": m.pk, "to": m.to_addr, "subject": m.subject})
-        if len(pending) == BATCH:
-            return trio.current_time()  # more to do right away
-        return min(self._retry_at.values(), default=float("inf"))
+        """Send every due mail; return the trio time of the next retry (inf if none).
+
+        Walks the whole outbox a batch at a time: mails waiting for their retry stay in it, and
+        a batch full of them must not hide the mails queued after them (an invite to a good
+        address behind 50 refused ones waited for as long as those were refused)."""
+        after = 0
+        while True:
+            pending = await self._store.read(mail.pending, after, BATCH)
+            for m in pending:
+                await self._try(m)
+            if len(pending) < BATCH:
+                return min(self._retry_at.values(), default=float("inf"))
+            after = pending[-1].pk
+
+    async def _try(self, m: mail.Mail) -> None:
+        """Send one mail unless its retry is not due yet; record what happened."""
+        if self._retry_at.get(m.pk, 0.0) > trio.current_time():
+            return
+        try:
+            await self.send(m)
+        except Exception as exc:  # the mail server, not us: retry later
+            pause = RETRY_PAUSES[min(m.attempts, len(RETRY_PAUSES) - 1)]
+            self._retry_at[m.pk] = trio.current_time() + pause
+            await self._store.write(mail.mark_failed, m.pk, f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "mail not sent; will retry",
+                extra={"mail": m.pk, "to": m.to_addr, "error": str(exc), "retry_in": pause},
+            )
+            return
+        await self._store.write(mail.mark_sent, m.pk, self._clock.now_us())
+        self._retry_at.pop(m.pk, None)
+        log.info("mail sent", extra={"mail": m.pk, "to": m.to_addr, "subject": m.subject})

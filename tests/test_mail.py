@@ -12,7 +12,7 @@ import pytest
 import trio
 from aiosmtpd.controller import Controller
 
-from inboxd import daemon
+from inboxd import daemon, mailer
 from inboxd.clock import TrioClock
 from inboxd.config import Config, LimitsConfig, MailConfig, WebhooksConfig
 from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest
@@ -69,6 +69,68 @@ async def test_invite_mail_goes_through_smtp_when_configured(
     assert message["Message-ID"].startswith("<inboxd-mail-")
     assert token_of(message).startswith("inv_")
     assert not (seeded.data_dir / "mail" / "outbox").exists()
+
+
+class PickyInbox(Inbox):
+    """Refuses recipients whose address starts with "nobody" (550), as servers do for mailboxes
+    that do not exist; counts the refusals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: list[str] = []
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
+    ) -> str:
+        if address.startswith("nobody"):
+            self.refused.append(address)
+            return "550 5.1.1 no such mailbox"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+
+async def test_mails_waiting_for_a_retry_do_not_hold_back_later_ones(seeded: Seed) -> None:
+    """A whole batch of refused mails (each waiting 30 s for its retry) before a good one: the
+    mailer still reaches the good one (it used to read the same first batch every round)."""
+    inbox, port = PickyInbox(), free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    config = Config(
+        mail=MailConfig(smtp_host="127.0.0.1", smtp_port=port, from_="in@example.com"),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+    stop = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(
+                lambda task_status: daemon.run(
+                    seeded.data_dir, config, stop, bind="127.0.0.1:0", task_status=task_status
+                )
+            )
+            async with httpx.AsyncClient(
+                base_url=urls[0], headers=auth(seeded.owner_key), timeout=30
+            ) as owner:
+                refused = [f"nobody{i}@example.com" for i in range(mailer.BATCH)]
+                for address in refused:
+                    invited = await owner.post(
+                        f"{TEAM}/invites", json={"email": address, "channelIds": []}
+                    )
+                    assert invited.status_code == 201
+                with trio.fail_after(20):
+                    while len(inbox.refused) < len(refused):  # noqa: ASYNC110 (SMTP thread)
+                        await trio.sleep(0.02)
+                invited = await owner.post(
+                    f"{TEAM}/invites", json={"email": "good@example.com", "channelIds": []}
+                )
+                assert invited.status_code == 201
+                with trio.fail_after(10):
+                    while not inbox.messages:  # noqa: ASYNC110 (the SMTP server is a thread)
+                        await trio.sleep(0.02)
+            stop.set()
+    finally:
+        controller.stop()
+    assert [m["To"] for m in inbox.messages] == ["good@example.com"]
+    assert sorted(inbox.refused) == sorted(refused)  # each tried once: retries are 30 s away
 
 
 @pytest.fixture
