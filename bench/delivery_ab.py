@@ -3,7 +3,7 @@
 ``bench delivery`` runs minutes apart on this machine differ by 20-30 % on their own, more than
 most changes to the deliverer. This runs the baseline (a git revision, checked out into a
 temporary worktree) and the working tree alternately, each on a fresh copy of one prepared store
-(the webhook saved, ``--events`` events waiting), against one HTTPS receiver in this process, and
+(the webhook saved, ``--events`` events waiting), against one HTTPS receiver (bench/receiver.py), and
 reads two figures for each pair:
 
 - the daemon's main-thread CPU per delivery (``/proc``, over the middle of the backlog: past
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from hypercorn.trio import serve
 
 from bench.common import ROOT, baseline_worktree, report, thread_cpu_seconds
-from bench.delivery import Receiver, daemon_env, make_certs, prepare, receiver_config
+from bench.delivery import daemon_env, make_certs, prepare
 from bench.feed import free_port, start
+from bench.receiver import Receiver
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         receiver_url = f"https://127.0.0.1:{rport}/hook"
         template = Path(tmp) / "template"
         _, _, _, secret = prepare(template, receiver_url, args.events)
-        receiver = Receiver(secret)
+        receiver = Receiver(secret, rport, cert_file, key_file)
         sources = {"before": baseline_src, "after": ROOT}
 
         async def one(who: str) -> None:
@@ -73,15 +73,13 @@ def run(args: argparse.Namespace) -> int:
             )
             try:
                 with trio.fail_after(600):
-                    while len(receiver.arrivals) < skip:
-                        await receiver.changed.wait()
+                    await receiver.wait_for(skip)
                     cpu0, n0, t0 = (
                         thread_cpu_seconds(daemon.pid),
                         len(receiver.arrivals),
                         time.perf_counter(),
                     )
-                    while len(receiver.arrivals) < args.events - tail:
-                        await receiver.changed.wait()
+                    await receiver.wait_for(args.events - tail)
                     cpu1, n1, t1 = (
                         thread_cpu_seconds(daemon.pid),
                         len(receiver.arrivals),
@@ -99,9 +97,8 @@ def run(args: argparse.Namespace) -> int:
             )
 
         async def main() -> None:
-            config = receiver_config(rport, cert_file, key_file)
             async with trio.open_nursery() as nursery:
-                await nursery.start(serve, receiver.app, config)  # type: ignore[arg-type]
+                await nursery.start(receiver.run)
                 for i in range(args.pairs):
                     for who in ("before", "after") if i % 2 == 0 else ("after", "before"):
                         await one(who)
