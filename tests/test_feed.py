@@ -360,3 +360,142 @@ async def test_a_key_revoked_by_the_cli_closes_its_socket_soon(
             await ws.get_message()
     assert closed.value.reason.code == 1008
     assert trio.current_time() - started <= 16
+
+
+def hold_the_replay(monkeypatch: pytest.MonkeyPatch) -> tuple[trio.Event, trio.Event]:
+    """Hold a replay at its first event until ``go`` (the daemon runs in this process): what a
+    backlog of thousands of events does in real use, made exact. Returns (reached, go)."""
+    reached, go = trio.Event(), trio.Event()
+    allowed = feed_api._allowed
+
+    async def held(client: Any, event: Any) -> bool:
+        if not reached.is_set():
+            reached.set()
+            await go.wait()
+        return await allowed(client, event)
+
+    monkeypatch.setattr(feed_api, "_allowed", held)
+    monkeypatch.setattr(feed_api, "REPLAY_BATCH", 2)
+    return reached, go
+
+
+async def until_closed(ws: WebSocketConnection) -> tuple[list[dict[str, Any]], int]:
+    got = []
+    with trio.fail_after(10):
+        while True:
+            try:
+                got.append(json.loads(await ws.get_message()))
+            except ConnectionClosed as closed:
+                return got, closed.reason.code
+
+
+@pytest.mark.parametrize("loses_access_by", ["revoking the key", "removing the member"])
+async def test_access_lost_during_a_replay_ends_it(
+    owner: httpx.AsyncClient,
+    base_url: str,
+    seeded: Seed,
+    monkeypatch: pytest.MonkeyPatch,
+    loses_access_by: str,
+) -> None:
+    """Nothing committed after the key lost its access goes out, however long the replay."""
+    key = (await owner.post("/api/v1/inbox/keys", headers=auth(seeded.ann_key))).json()
+    for i in range(3):
+        await ingest(owner, seeded.sales_id, "15550001", content=f"before {i}")
+    reached, go = hold_the_replay(monkeypatch)
+    async with feed(base_url, key["apiKey"], since=0) as ws:
+        with trio.fail_after(5):
+            await reached.wait()
+        if loses_access_by == "revoking the key":
+            gone = await owner.delete(
+                f"/api/v1/inbox/keys/{key['keyId']}", headers=auth(seeded.ann_key)
+            )
+        else:
+            members = (await owner.get("/api/v1/inbox/team/members")).json()
+            ann = next(m for m in members if m["userId"] == seeded.ann_id)
+            gone = await owner.delete(f"/api/v1/inbox/team/members/{ann['memberId']}")
+        assert gone.status_code in (200, 204)
+        await ingest(owner, seeded.sales_id, "15550001", content="after")
+        go.set()
+        got, code = await until_closed(ws)
+    assert code == 1008
+    contents = [f["data"].get("content") for f in got]
+    assert "after" not in contents
+    assert contents == ["before 0", "before 1", "before 2"][: len(contents)]
+
+
+async def test_a_full_queue_during_a_replay_leaves_no_gap_on_resume(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue overflows (1013) while the replay is held; resuming from the last seq received
+    gives every event exactly once."""
+    for i in range(5):
+        await ingest(owner, seeded.sales_id, "15550001", content=f"old {i}")
+    reached, go = hold_the_replay(monkeypatch)
+    async with feed(base_url, seeded.owner_key, since=0) as ws:
+        with trio.fail_after(5):
+            await reached.wait()
+        for i in range(25):  # more than the queue holds (feed.queue_bound = 20 here)
+            await ingest(owner, seeded.sales_id, "15550001", content=f"new {i}")
+        go.set()
+        first, code = await until_closed(ws)
+    assert code == 1013
+    monkeypatch.undo()
+    resume_from = first[-1]["seq"] if first else 0
+    async with feed(base_url, seeded.owner_key, since=resume_from) as ws:
+        rest = await frames(ws, 30 - len(first))
+        await nothing_more(ws)
+    every = [f["data"]["content"] for f in first + rest]
+    assert every == [f"old {i}" for i in range(5)] + [f"new {i}" for i in range(25)]
+
+
+async def test_an_access_change_while_the_socket_opens_is_applied(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ann loses Support between her key's check and her socket's joining the feed: Support's
+    events do not reach her (before, the socket kept the old channels for its whole life)."""
+    checked, go = trio.Event(), trio.Event()
+    principal_from_header = feed_api._principal_from_header
+
+    async def held() -> Any:
+        who = await principal_from_header()
+        checked.set()
+        await go.wait()
+        return who
+
+    monkeypatch.setattr(feed_api, "_principal_from_header", held)
+    members = (await owner.get("/api/v1/inbox/team/members")).json()
+    ann = next(m for m in members if m["userId"] == seeded.ann_id)
+
+    async def take_support() -> None:
+        await checked.wait()
+        changed = await owner.put(
+            f"/api/v1/inbox/team/members/{ann['memberId']}/channels",
+            json={"channelIds": [seeded.sales_id]},
+        )
+        assert changed.status_code == 200
+        go.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take_support)
+        async with feed(base_url, seeded.ann_key) as ws:
+            await go.wait()
+            await ingest(owner, seeded.support_id, "15550002", content="support: not for ann")
+            await ingest(owner, seeded.sales_id, "15550003", content="sales: for ann")
+            (got,) = await frames(ws, 1)
+            assert got["data"]["content"] == "sales: for ann"
+            await nothing_more(ws)
+
+
+async def test_a_caught_up_client_is_not_reset_when_the_journal_was_pruned_empty(
+    autojump_clock: trio.testing.MockClock, owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    async with feed(base_url, seeded.owner_key) as ws:
+        await ingest(owner, seeded.sales_id, "15550001", content="the last one seen")
+        (seen,) = await frames(ws, 1)
+    await trio.sleep(8 * 86400)  # a quiet week: housekeeping prunes the whole journal
+    rest = (await owner.get("/api/v1/inbox/events", params={"after": seen["seq"]})).json()
+    assert rest == {"events": [], "nextAfter": seen["seq"], "hasMore": False, "reset": False}
+    async with feed(base_url, seeded.owner_key, since=seen["seq"]) as ws:
+        await ingest(owner, seeded.sales_id, "15550001", content="new")
+        (first,) = await frames(ws, 1)
+    assert first["data"]["content"] == "new"  # no feed.reset: nothing was missed

@@ -91,10 +91,13 @@ async def feed() -> None:
     assert hub is not None
     client = hub.register(who)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_drain_incoming, nursery.cancel_scope)
-            await _send_events(client, since)
-            nursery.cancel_scope.cancel()
+        # From here every access change reaches the client; one committed since the key was
+        # read above (while the upgrade went on, say) did not: read the key's access again.
+        if await _refresh(client):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_drain_incoming, nursery.cancel_scope)
+                await _send_events(client, since)
+                nursery.cancel_scope.cancel()
         if client.close_code is not None:
             await websocket.close(client.close_code, client.close_reason)
     finally:
@@ -116,6 +119,10 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
     last = -1
     if since is not None:
         last = await _replay(client, since)
+        if client.close_code is not None:
+            # Closed during the replay (the key revoked, the queue full, a shutdown): stop at
+            # the last event sent; a client that may resume does so from it, with no gap.
+            return
     async for event in client.events:
         if event.seq <= last:
             continue
@@ -127,17 +134,25 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
 
 
 async def _allowed(client: FeedClient, event: FeedEvent) -> bool:
-    if concerns_user(event, client.who.user_id):
-        who = await state().store.read(accounts.principal_of_key, client.who.key_pk)
-        if who is None:
-            client.close(CLOSE_POLICY, "the member was removed")
-            return False
-        client.who = who
+    if concerns_user(event, client.who.user_id) and not await _refresh(client):
+        return False
     return visible(client.who, event)
 
 
+async def _refresh(client: FeedClient) -> bool:
+    """Read what the client's key may see again; False (and the client closed with 1008) once
+    the key is revoked or its member removed."""
+    who = await state().store.read(accounts.principal_of_key, client.who.key_pk)
+    if who is None:
+        client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
+        return False
+    client.who = who
+    return True
+
+
 async def _replay(client: FeedClient, since: int) -> int:
-    """Send the journal's events after ``since``; returns the last seq looked at."""
+    """Send the journal's events after ``since``; returns the last seq looked at. Stops as soon
+    as the client is closed (its key revoked, say): events committed after that are not its."""
     store = state().store
     retention_us = round(state().config.feed.retention * 1_000_000)
     first = await store.read(events.read_after, client.who.account_pk, since, 1)
@@ -149,17 +164,23 @@ async def _replay(client: FeedClient, since: int) -> int:
         or (first and first[0].created_at < now_us() - retention_us)
     ):
         await websocket.send(RESET_FRAME)  # the gap cannot be filled: the client refetches
+        # The live events up to ``end`` are skipped, access changes among them too: read the
+        # key's access as it is now.
+        await _refresh(client)
         return end
     last = since
-    while True:
+    while client.close_code is None:
         batch = await store.read(events.read_after, client.who.account_pk, last, REPLAY_BATCH)
         for journal_event in batch:
             event = from_journal(journal_event, client.who.account_pk)
             if await _allowed(client, event):
                 await websocket.send(event.frame)
+            if client.close_code is not None:
+                return last
             last = event.seq
         if len(batch) < REPLAY_BATCH:
-            return last
+            break
+    return last
 
 
 @blueprint.get("/events")

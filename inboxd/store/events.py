@@ -133,7 +133,11 @@ def prune(conn: sqlite3.Connection, before: int, limit: int) -> int:
 
 
 def last_seq(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
+    """The highest seq ever given: ``events`` is AUTOINCREMENT, so SQLite keeps it in
+    ``sqlite_sequence`` and pruning never lowers it (``max(seq)`` of a journal pruned empty is 0,
+    which made a caught-up feed client's ``since`` look beyond the journal)."""
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+    return int(row[0]) if row else 0
 
 
 def read_after(
