@@ -386,6 +386,93 @@ async def test_redeliver_queues_one_event_again(
     assert missing.status_code == 404
 
 
+def types_of(requests: list[Any]) -> list[str]:
+    return [json.loads(r.body)["type"] for r in requests]
+
+
+async def test_a_redelivery_goes_before_events_committed_after_it_was_asked_for(
+    owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver
+) -> None:
+    """ "After the events waiting": later events do not overtake it (on an account whose events
+    kept coming, a redelivery used to wait for a moment with none waiting)."""
+    await save(owner, receiver.url)
+    conv = await new_conversation(owner, seeded)
+    await owner.post(f"{CONV}/{conv}/block")
+    (first,) = await receiver.wait_for(1, within=10)
+    gate = receiver.gate = trio.Event()
+    await owner.post(f"{CONV}/{conv}/unblock")  # waiting: held at the receiver
+    await receiver.wait_for(2, within=10)
+    redeliver = await owner.post(f"{HOOK}/deliveries/{json.loads(first.body)['id']}/redeliver")
+    assert redeliver.status_code == 202
+    await owner.patch(f"{CONV}/{conv}/title", json={"title": "later"})
+    receiver.gate = None
+    gate.set()
+    got = await receiver.wait_for(4, within=10)
+    assert types_of(got) == [
+        "inbox.conversation.blocked",
+        "inbox.conversation.unblocked",
+        "inbox.conversation.blocked",  # the redelivery
+        "inbox.conversation.title_changed",
+    ]
+    assert got[2].body == first.body
+
+
+async def test_a_webhook_saved_anew_does_not_wait_for_a_dropped_events_retry(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    """An event's 4th attempt failed (the 5th is 30 min away); the webhook is deleted and saved
+    again: the next change goes out at once, not after that timer."""
+    await save(owner, receiver.url)
+    conv = await new_conversation(owner, seeded)
+    receiver.statuses += [500, 500, 500, 500]
+    await owner.post(f"{CONV}/{conv}/block")
+    await receiver.wait_for(4)
+    await trio.sleep(1)  # (the 4th attempt's record commits)
+    assert (await owner.delete(HOOK)).json() == {"removed": True}
+    await save(owner, receiver.url)
+    saved_at = trio.current_time()
+    await owner.post(f"{CONV}/{conv}/unblock")
+    got = await receiver.wait_for(5, within=3 * 3600)
+    assert types_of(got)[4] == "inbox.conversation.unblocked"
+    assert got[4].at - saved_at < 5
+
+
+async def test_a_fixed_url_is_tried_at_once(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    """An event failing (its next try 30 min away) goes out as soon as the URL is changed, and
+    a redelivery dropped with a deleted webhook is not sent to the one saved after it."""
+    await save(owner, receiver.url)
+    conv = await new_conversation(owner, seeded)
+    receiver.statuses += [500, 500, 500, 500]
+    await owner.post(f"{CONV}/{conv}/block")
+    await receiver.wait_for(4)
+    await trio.sleep(1)
+    changed_at = trio.current_time()
+    await save(owner, receiver.url + "?fixed=1")  # the same receiver, a new URL
+    got = await receiver.wait_for(5, within=3 * 3600)
+    assert types_of(got)[4] == "inbox.conversation.blocked"
+    assert got[4].at - changed_at < 5
+    # A redelivery failing, then its webhook deleted and saved again: it is not sent again.
+    receiver.statuses += [500]
+    event_id = json.loads(got[0].body)["id"]
+    assert (await owner.post(f"{HOOK}/deliveries/{event_id}/redeliver")).status_code == 202
+    await receiver.wait_for(6)
+    await trio.sleep(1)
+    await owner.delete(HOOK)
+    await save(owner, receiver.url)
+    await owner.post(f"{CONV}/{conv}/unblock")
+    got = await receiver.wait_for(7, within=3 * 3600)
+    await trio.sleep(3 * 3600)
+    assert types_of(receiver.requests[6:]) == ["inbox.conversation.unblocked"]
+
+
 async def test_a_committed_event_survives_a_crash_before_delivery(
     seeded: Seed, config: Config, certs: Certs
 ) -> None:
@@ -473,3 +560,29 @@ async def test_an_event_committed_during_a_read_wakes_the_deliverer(
     finally:
         store.close()
     assert woken[:3] == [True, True, True]
+
+
+def test_redeliveries_queued_before_schema_v12_go_after_the_journal_of_then(
+    tmp_path: Path,
+) -> None:
+    """Migrating to v12 gives each queued redelivery the journal's end as its place."""
+    import sqlite3
+
+    from inboxd.store.db import db_path, migrate
+    from inboxd.store.schema import MIGRATIONS
+
+    conn = sqlite3.connect(db_path(tmp_path), isolation_level=None)
+    for number, script in enumerate(MIGRATIONS[:11], start=1):
+        conn.executescript(f"BEGIN; {script}\nPRAGMA user_version = {number}; COMMIT;")
+    for seq in (1, 2, 3):
+        conn.execute(
+            "INSERT INTO events (seq, id, account_pk, type, created_at, body)"
+            " VALUES (?, ?, 1, 'inbox.conversation.blocked', 0, x'7b7d')",
+            (seq, f"evt_{seq}"),
+        )
+    conn.execute(
+        "INSERT INTO webhook_redeliveries (account_pk, event_seq, requested_at) VALUES (1, 1, 0)"
+    )
+    assert migrate(conn) == len(MIGRATIONS) - 11
+    assert conn.execute("SELECT after_seq FROM webhook_redeliveries").fetchall() == [(3,)]
+    conn.close()

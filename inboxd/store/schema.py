@@ -615,6 +615,14 @@ CREATE TRIGGER conversation_wire_channel AFTER UPDATE OF id, type ON channels BE
 END;
 """
 
+_V12: Final = """
+-- A redelivery goes out after the events that were waiting when it was asked for, not after
+-- every event committed since (on an account whose events keep coming it never went out).
+-- after_seq is the journal's end at that moment; rows from before this version get today's.
+ALTER TABLE webhook_redeliveries ADD COLUMN after_seq INTEGER NOT NULL DEFAULT 0;
+UPDATE webhook_redeliveries SET after_seq = (SELECT coalesce(max(seq), 0) FROM events);
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -627,4 +635,5 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V9,
     _V10,
     _V11,
+    _V12,
 )

@@ -134,26 +134,41 @@ def next_work(
     conn: sqlite3.Connection, account_pk: int, after: int = 0, limit: int = 1
 ) -> list[Work] | None:
     """What to deliver next, in order: up to ``limit`` journal events, else the oldest queued
-    redelivery, else nothing; None when no webhook is saved. ``after`` is the deliverer's own
-    cursor, ahead of the stored one while its last record is being written."""
+    redelivery, else nothing; None when no webhook is saved. A redelivery goes out after the
+    events that were waiting when it was asked for (``after_seq``), before later ones. ``after``
+    is the deliverer's own cursor, ahead of the stored one while its last record is being
+    written."""
     hook = get(conn, account_pk)
     if hook is None:
         return None
-    events = _events(
-        conn,
-        f"account_pk = ? AND seq > ? AND {WEBHOOK_TYPES_SQL} ORDER BY seq LIMIT ?",
-        (account_pk, max(hook.delivered_seq, after), limit),
-    )
-    if events:
-        return [Work(event=event, redelivery_pk=None, hook=hook) for event in events]
-    row = conn.execute(
-        "SELECT pk, event_seq FROM webhook_redeliveries WHERE account_pk = ? ORDER BY pk LIMIT 1",
+    redelivery = conn.execute(
+        "SELECT pk, event_seq, after_seq FROM webhook_redeliveries WHERE account_pk = ?"
+        " ORDER BY pk LIMIT 1",
         (account_pk,),
     ).fetchone()
-    if row is None:
+    cursor = max(hook.delivered_seq, after)
+    bound = _NO_SEQ_BOUND if redelivery is None else redelivery["after_seq"]
+    if cursor < bound:
+        events = _events(
+            conn,
+            f"account_pk = ? AND seq > ? AND seq <= ? AND {WEBHOOK_TYPES_SQL} ORDER BY seq LIMIT ?",
+            (account_pk, cursor, bound, limit),
+        )
+        if events:
+            return [Work(event=event, redelivery_pk=None, hook=hook) for event in events]
+    if redelivery is None:
         return []
-    [event] = _events(conn, "seq = ?", (row["event_seq"],))
-    return [Work(event=event, redelivery_pk=row["pk"], hook=hook)]
+    [event] = _events(conn, "seq = ?", (redelivery["event_seq"],))
+    return [Work(event=event, redelivery_pk=redelivery["pk"], hook=hook)]
+
+
+_NO_SEQ_BOUND: Final = 2**63 - 1
+
+
+def redelivery_queued(conn: sqlite3.Connection, redelivery_pk: int) -> bool:
+    """Whether a redelivery is still queued (deleting the webhook drops them)."""
+    row = conn.execute("SELECT 1 FROM webhook_redeliveries WHERE pk = ?", (redelivery_pk,))
+    return row.fetchone() is not None
 
 
 @attrs.frozen
@@ -216,8 +231,10 @@ def queue_redelivery(conn: sqlite3.Connection, account_pk: int, event_id: str, n
         raise NotFound(f"no inbox webhook event {event_id}")
     if get(conn, account_pk) is None:
         raise NotFound("no inbox webhook URL is saved", code="webhook_not_found")
+    # After the events waiting now: the journal's end (this transaction journals nothing).
     cur = conn.execute(
-        "INSERT INTO webhook_redeliveries (account_pk, event_seq, requested_at) VALUES (?, ?, ?)",
+        "INSERT INTO webhook_redeliveries (account_pk, event_seq, requested_at, after_seq)"
+        " VALUES (?, ?, ?, (SELECT coalesce(max(seq), 0) FROM events))",
         (account_pk, row["seq"], now),
     )
     wake(conn, work_queued(account_pk))

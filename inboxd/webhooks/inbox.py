@@ -10,7 +10,8 @@
             attempt 1..N+1: POST it signed with the secret current at that moment
                 2xx            -> delivered, cursor moves past it
                 anything else  -> logged; sleep retry_schedule[i] (+ up to 20 % jitter, at
-                                  least a Retry-After, capped at 2 h more) and try again
+                                  least a Retry-After, capped at 2 h more) and try again;
+                                  a saved, rotated or deleted webhook ends the sleep
                 after the last -> given up, cursor moves past it, the next event goes
 
 The cursor lives in the store, so a restart resumes at the first event not yet delivered
@@ -169,13 +170,16 @@ class InboxWebhookDeliverer:
         delivery_id = ids.new_id("dlv")
         attempts = len(self._schedule) + 1
         for attempt in range(1, attempts + 1):
+            config = self._config.version
             # The first attempt goes out with what next_work just read; a retry, minutes later,
             # reads the webhook again (its URL or secret may have changed meanwhile).
-            hook = (
-                work.hook
-                if attempt == 1
-                else await self._store.read(webhooks.get, self._account_pk)
-            )
+            hook: webhooks.InboxWebhook | None = work.hook
+            if attempt > 1:
+                hook = await self._store.read(webhooks.get, self._account_pk)
+                if work.redelivery_pk is not None and not await self._store.read(
+                    webhooks.redelivery_queued, work.redelivery_pk
+                ):
+                    return  # dropped with the webhook it was queued for
             if hook is None:
                 return  # deleted: later changes are not delivered until a URL is saved again
             if work.redelivery_pk is None and hook.delivered_seq >= event.seq:
@@ -217,4 +221,8 @@ class InboxWebhookDeliverer:
             )
             if result != "failed":
                 return
-            await trio.sleep(retry_delay(self._schedule, attempt, outcome, self._rng))
+            # Until the retry is due, or the webhook is saved, rotated or deleted: then the next
+            # attempt reads it at once (a fixed URL is tried without waiting out the pause; a
+            # deleted or newly saved one drops this event instead of holding the queue).
+            with trio.move_on_after(retry_delay(self._schedule, attempt, outcome, self._rng)):
+                await self._config.wait_past(config)
