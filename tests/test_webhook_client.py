@@ -31,6 +31,12 @@ from tests.receiver import Certs, make_certs, running_receiver
         "https://localhost/x",
         "https://api.localhost/x",
         "https://intranet/x",
+        # The forms the resolver also reads as loopback or private addresses.
+        "https://127.1/x",
+        "https://0177.0.0.1/x",
+        "https://0x7f.0.0.1/x",
+        "https://127.0.0.1./x",
+        "https://10.1/x",
     ],
 )
 def test_private_hosts_are_refused_unless_allowed(url: str) -> None:

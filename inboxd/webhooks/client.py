@@ -47,6 +47,21 @@ def _address_allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host is, if it is an IP literal in any form the resolver reads: besides
+    the usual ones, the short, octal and hex IPv4 forms of ``inet_aton`` ("127.1",
+    "0177.0.0.1", "0x7f.0.0.1"), with or without a trailing dot."""
+    bare = host.rstrip(".")
+    try:
+        return ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(bare))
+    except OSError:
+        return None
+
+
 def validate_url(url: str, *, allow_private: bool) -> str:
     """Check a webhook URL as it is saved; raises ``invalid_url`` naming what is wrong."""
     if len(url) > MAX_URL_LEN:
@@ -69,14 +84,13 @@ def validate_url(url: str, *, allow_private: bool) -> str:
         raise invalid_url("the URL's port must not be 0")
     if allow_private:
         return url
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
+    ip = _ip_literal(host)
+    if ip is None:
         lowered = host.lower().rstrip(".")
         if lowered == "localhost" or lowered.endswith((".localhost", ".local", ".internal")):
-            raise invalid_url("the URL's host is a local name") from None
+            raise invalid_url("the URL's host is a local name")
         if "." not in lowered:
-            raise invalid_url("the URL's host must be a fully qualified domain name") from None
+            raise invalid_url("the URL's host must be a fully qualified domain name")
         return url
     if not _address_allowed(ip):
         raise invalid_url("the URL's host is a loopback, private or otherwise non-public address")
