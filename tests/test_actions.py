@@ -198,15 +198,29 @@ async def test_rename(owner: httpx.AsyncClient, seeded: Seed, store: Store, conv
     assert first.status_code == 200 and first.json()["title"] == "VIP order"
     await owner.patch(url, json={"title": "VIP order"})  # unchanged: nothing written
     await owner.patch(url, json={"title": "Refund"})
-    for bad in ({"title": ""}, {"title": None}, {"title": 3}, {"title": "x" * 201}):
+    for bad in (
+        {"title": ""},
+        {"title": "   "},
+        {"title": None},
+        {"title": 3},
+        {"title": "x" * 201},
+    ):
         assert (await owner.patch(url, json=bad)).status_code == 400, bad
+    # 1 to 200 characters after trimming: the spaces around a title do not count.
+    longest = await owner.patch(url, json={"title": "  " + "y" * 200 + "  "})
+    assert longest.status_code == 200 and longest.json()["title"] == "y" * 200
+    await owner.patch(url, json={"title": "Refund"})
     events = conversation_events(store)
     assert [(e["data"]["previousTitle"], e["data"]["title"]) for e in events] == [
         (None, "VIP order"),
         ("VIP order", "Refund"),
+        ("Refund", "y" * 200),
+        ("y" * 200, "Refund"),
     ]
     assert [r["content"] for r in system_rows(store, conv_id)] == [
         'Olivia Owner renamed the conversation to "VIP order"',
+        'Olivia Owner renamed the conversation to "Refund"',
+        f'Olivia Owner renamed the conversation to "{"y" * 200}"',
         'Olivia Owner renamed the conversation to "Refund"',
     ]
 

@@ -58,6 +58,9 @@ async def test_invite_mail_accept_and_events(
     (mail,) = await outbox_mails(seeded.data_dir, 1)
     assert mail["To"] == "new@example.com"
     token = token_of(mail)
+    for name in ("   ", " " + "N" * 201 + " "):  # 1 to 200 characters once trimmed
+        refused = await anon.post(f"{TEAM}/invites/accept", json={"token": token, "name": name})
+        assert refused.status_code == 400, name
     accepted = await anon.post(f"{TEAM}/invites/accept", json={"token": token, "name": "Neo"})
     assert accepted.status_code == 201, accepted.text
     member = accepted.json()

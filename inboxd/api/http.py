@@ -171,6 +171,17 @@ def field(
     return value
 
 
+def trimmed_field(body: Mapping[str, Any], name: str, max_len: int) -> str:
+    """A required string field without the white space around it, 1 to ``max_len`` characters
+    long once trimmed (the spaces around it do not count against the length)."""
+    value: str = field(body, name, str, required=True).strip()
+    if not value:
+        raise InvalidRequest(f"{name} must not be empty")
+    if len(value) > max_len:
+        raise InvalidRequest(f"{name} must be at most {max_len} characters")
+    return value
+
+
 def _kind_name(kinds: tuple[type, ...]) -> str:
     names = {
         str: "a string",

@@ -19,6 +19,7 @@ from inboxd.api.http import (
     field,
     json_body,
     json_response,
+    trimmed_field,
 )
 from inboxd.errors import InvalidRequest
 from inboxd.model import SETTABLE_STATUSES
@@ -181,9 +182,7 @@ async def unblock(conversation_id: str) -> Response:
 @blueprint.patch("/conversations/<conversation_id>/title")
 async def patch_title(conversation_id: str) -> Response:
     body = await json_body()
-    title = field(body, "title", str, required=True, max_len=MAX_TITLE).strip()
-    if not title:
-        raise InvalidRequest("title must not be empty")
+    title = trimmed_field(body, "title", MAX_TITLE)
     return encoded_json(
         await state().store.write(
             actions.RENAME_ANSWERED, principal(), conversation_id, title, now_us()

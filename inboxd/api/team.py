@@ -9,7 +9,7 @@ from quart import Blueprint, Response
 
 from inboxd import wire
 from inboxd.api.app import authenticate, now_us, principal, state
-from inboxd.api.http import field, json_body, json_response
+from inboxd.api.http import field, json_body, json_response, trimmed_field
 from inboxd.errors import InvalidRequest
 from inboxd.store import accounts, team
 from inboxd.timeutil import format_us
@@ -88,9 +88,7 @@ async def revoke_invite(invite_id: str) -> Response:
 async def accept_invite() -> Response:
     body = await json_body()
     token = field(body, "token", str, required=True, max_len=MAX_TOKEN)
-    name = field(body, "name", str, required=True, max_len=MAX_NAME).strip()
-    if not name:
-        raise InvalidRequest("name must not be empty")
+    name = trimmed_field(body, "name", MAX_NAME)
     new = await state().store.write(team.accept_invite, token, name, now_us())
     return json_response(
         {"memberId": new.member_id, "userId": new.user_id, "apiKey": new.api_key}, 201
