@@ -623,6 +623,42 @@ ALTER TABLE webhook_redeliveries ADD COLUMN after_seq INTEGER NOT NULL DEFAULT 0
 UPDATE webhook_redeliveries SET after_seq = (SELECT coalesce(max(seq), 0) FROM events);
 """
 
+_V13: Final = """
+-- A channel webhook URL's pk is never given again (AUTOINCREMENT). Without it SQLite gave a URL
+-- saved in place of a removed one the removed one's pk, with the same generation (0): the hub
+-- kept the removed URL's supervisor running for it (its pause and probe timers), and a delivery
+-- to the removed URL still in flight was recorded on the new one (its state and emails).
+CREATE TABLE channel_webhook_urls_v13 (
+    pk                INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel_pk        INTEGER NOT NULL REFERENCES channels(pk),
+    url               TEXT NOT NULL,
+    position          INTEGER NOT NULL,
+    -- Bumped when the URL is saved again (re-enabled): a supervisor's stale writes are dropped.
+    generation        INTEGER NOT NULL DEFAULT 0,
+    state             TEXT NOT NULL CHECK (state IN ('delivering', 'paused', 'disabled')),
+    failure_count     INTEGER NOT NULL DEFAULT 0,
+    first_failure_at  INTEGER,
+    last_failure_at   INTEGER,
+    last_status       INTEGER,
+    last_error        TEXT,
+    last_success_at   INTEGER,
+    warned            INTEGER NOT NULL DEFAULT 0,
+    paused_at         INTEGER,
+    next_probe_at     INTEGER,
+    probes_done       INTEGER NOT NULL DEFAULT 0,
+    disabled_at       INTEGER,
+    next_attempt_at   INTEGER,
+    -- Every channel webhook event with seq <= delivered_seq is done for this URL.
+    delivered_seq     INTEGER NOT NULL,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    UNIQUE (channel_pk, url)
+);
+INSERT INTO channel_webhook_urls_v13 SELECT * FROM channel_webhook_urls;
+DROP TABLE channel_webhook_urls;
+ALTER TABLE channel_webhook_urls_v13 RENAME TO channel_webhook_urls;
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -636,4 +672,5 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V10,
     _V11,
     _V12,
+    _V13,
 )
