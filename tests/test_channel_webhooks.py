@@ -148,8 +148,9 @@ async def test_the_first_url_list_returns_the_secret_after_a_settings_change(
 
 
 async def test_url_list_validation_and_access(owner: httpx.AsyncClient, seeded: Seed) -> None:
-    bad_url = await owner.post(hook(seeded.sales_id), json={"urls": ["http://a.example.com"]})
-    assert bad_url.status_code == 422 and bad_url.json()["error"]["code"] == "invalid_url"
+    for url in ("http://a.example.com", "https://\N{SNOWMAN}.example.com/hook"):
+        bad_url = await owner.post(hook(seeded.sales_id), json={"urls": [url]})
+        assert bad_url.status_code == 422 and bad_url.json()["error"]["code"] == "invalid_url"
     too_many = [f"https://h{i}.example.com/" for i in range(11)]
     assert (await owner.post(hook(seeded.sales_id), json={"urls": too_many})).status_code == 400
     assert (await owner.post(hook(seeded.sales_id), json={"urls": "x"})).status_code == 400
@@ -204,6 +205,27 @@ async def test_two_failures_send_one_warning_and_delivery_continues(
     assert receiver.url in warning["Subject"]
     assert warning["List-Unsubscribe"].startswith("<http")
     assert warning["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert (
+        "If the URL keeps failing for 10 minutes,\ndelivery to it pauses and is checked again"
+        " after 15 minutes, 1 hour and 6 hours." in body_of(warning).replace("\r\n", "\n")
+    )
+
+
+def test_the_warning_tells_the_daemons_own_pause_and_probe_settings() -> None:
+    from inboxd.webhooks.notices import warning
+    from inboxd.webhooks.policy import Policy
+
+    def text(pause_s: float, probes_s: tuple[float, ...]) -> str:
+        policy = Policy(round(pause_s * 1e6), tuple(round(p * 1e6) for p in probes_s))
+        return warning("Sales", "ch_1", "https://h.example.com/", 2, "HTTP 503", "l", policy).body
+
+    five = text(300, (90, 2 * 86400))
+    assert "failing for 5 minutes,\ndelivery to it pauses and is checked again" in five
+    assert "after 90 seconds and 2 days." in five
+    assert "failing for 30 seconds,\ndelivery to it pauses and is checked again after 1 hour." in (
+        text(30, (3600,))
+    )
+    assert "pauses and stops until the URL is saved again." in text(600, ())
 
 
 async def test_ten_minutes_of_failures_pause_then_probes_then_disabled(
@@ -287,16 +309,81 @@ async def test_statuses_that_are_not_failures_end_the_message_without_retry(
     receiver: Receiver,
 ) -> None:
     await save_urls(owner, seeded.sales_id, receiver.url)
-    receiver.statuses += [400, 422, 302]
-    for text in ("a", "b", "c", "d"):
+    receiver.statuses += [400, 422, 302, 600]  # (600: a status, not a 5xx)
+    for text in ("a", "b", "c", "d", "e"):
         await send(owner, seeded, text)
-    got = await receiver.wait_for(4)
-    assert [json.loads(r.body)["data"]["content"] for r in got] == ["a", "b", "c", "d"]
+    got = await receiver.wait_for(5)
+    assert [json.loads(r.body)["data"]["content"] for r in got] == ["a", "b", "c", "d", "e"]
     await trio.sleep(HOUR)
-    assert len(receiver.requests) == 4
+    assert len(receiver.requests) == 5
     s = await url_settings(owner, seeded.sales_id, receiver.url)
     assert s["state"] == "delivering" and s["failureCount"] == 0
     assert mails(seeded.data_dir) == []
+
+
+async def test_a_503_with_an_unreadable_retry_after_is_retried_on_schedule(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    """A Retry-After of "²" (a digit to str.isdigit, not to float) used to escape post_event:
+    the supervisor retried every 5 s with nothing on record."""
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.statuses += [(503, {"retry-after": "\N{SUPERSCRIPT TWO}"})]
+    await send(owner, seeded, "m0")
+    got = await receiver.wait_for(2, within=600)
+    assert 10 - 1e-6 <= got[1].at - got[0].at <= 10.5
+    await trio.sleep(1)
+    s = await url_settings(owner, seeded.sales_id, receiver.url)
+    assert s["lastStatus"] == 200 and s["lastFailureAt"] is not None
+
+
+async def test_a_url_saved_in_place_of_a_paused_one_starts_fresh(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+    second: Receiver,
+) -> None:
+    """Replacing a broken URL with a working one in one request: the new one gets messages at
+    once (it used to inherit the removed one's pk, supervisor and 15-minute probe timer)."""
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.default_status = 503
+    await send(owner, seeded, "m0")
+    await until(owner, seeded.sales_id, receiver.url, state="paused")
+    await save_urls(owner, seeded.sales_id, second.url)
+    replaced_at = trio.current_time()
+    await send(owner, seeded, "m1")
+    (got,) = await second.wait_for(1, within=HOUR)
+    assert json.loads(got.body)["data"]["content"] == "m1"
+    assert got.at - replaced_at < 5
+
+
+async def test_a_removed_urls_probe_in_flight_is_not_recorded_on_its_replacement(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+    second: Receiver,
+) -> None:
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.default_status = 503
+    await send(owner, seeded, "m0")
+    await until(owner, seeded.sales_id, receiver.url, state="paused")
+    await receiver.wait_for(6 + 2, within=2 * HOUR)  # the 15 min and 1 h probes failed
+    receiver.hang = True  # the last probe (6 h) hangs until its timeout
+    await receiver.wait_for(6 + 3, within=6 * HOUR)
+    # Replaced while that probe is in flight (a fresh client: the old keep-alive connection
+    # idled through hours of virtual time).
+    async with httpx.AsyncClient(
+        base_url=owner.base_url, headers=owner.headers, timeout=None
+    ) as fresh:
+        await save_urls(fresh, seeded.sales_id, second.url)
+    await trio.sleep(60)
+    new = await url_settings(owner, seeded.sales_id, second.url)
+    assert (new["state"], new["failureCount"], new["probesDone"]) == ("delivering", 0, 0)
+    assert not any(second.url in m["Subject"] for m in mails(seeded.data_dir))
 
 
 async def test_a_hanging_url_never_delays_a_working_one(

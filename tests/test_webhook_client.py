@@ -33,7 +33,6 @@ from tests.receiver import Certs, make_certs, running_receiver
         "https://intranet/x",
         # The forms the resolver also reads as loopback or private addresses.
         "https://127.1/x",
-        "https://0177.0.0.1/x",
         "https://0x7f.0.0.1/x",
         "https://127.0.0.1./x",
         "https://10.1/x",
@@ -44,6 +43,19 @@ def test_private_hosts_are_refused_unless_allowed(url: str) -> None:
         validate_url(url, allow_private=False)
     assert info.value.code == "invalid_url"
     assert validate_url(url, allow_private=True) == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://0177.0.0.1/x", "https://\N{SNOWMAN}.example.com/x", "https://example.com/a\x00"],
+)
+def test_urls_httpx_cannot_send_to_are_refused_even_when_private_hosts_are_allowed(
+    url: str,
+) -> None:
+    for allow_private in (False, True):
+        with pytest.raises(Unprocessable) as info:
+            validate_url(url, allow_private=allow_private)
+        assert info.value.code == "invalid_url"
 
 
 @pytest.mark.parametrize(
@@ -201,3 +213,15 @@ async def test_a_host_that_does_not_resolve_is_a_failed_attempt_not_an_exception
         )
     assert outcome.status is None and not outcome.ok
     assert outcome.error is not None and "did not resolve" in outcome.error
+
+
+async def test_a_url_httpx_cannot_send_to_is_a_failed_attempt_not_an_exception() -> None:
+    """validate_url refuses it now; one saved before (or in a store from an older version) must
+    still come back as a failure the deliverers record, not as an exception out of post_event."""
+    client = make_client(WebhooksConfig(allow_private_hosts=False))
+    async with client:
+        outcome = await post_event(
+            client, "https://\N{SNOWMAN}.example.com/hook", "whsec_x", b"{}", "t", "dlv_1"
+        )
+    assert outcome.status is None and not outcome.ok
+    assert outcome.error is not None and outcome.error.startswith("InvalidURL")

@@ -82,6 +82,10 @@ def validate_url(url: str, *, allow_private: bool) -> str:
         raise invalid_url("the URL must not contain white space")
     if port == 0:
         raise invalid_url("the URL's port must not be 0")
+    try:
+        httpx.URL(url)  # what the deliveries will be sent with (an IDNA host, say)
+    except httpx.InvalidURL as exc:
+        raise invalid_url(f"the URL cannot be used: {exc}") from None
     if allow_private:
         return url
     ip = _ip_literal(host)
@@ -231,7 +235,8 @@ def _retry_after(response: httpx.Response) -> float | None:
     if response.status_code not in (429, 503):
         return None
     raw = response.headers.get("retry-after", "").strip()
-    return float(raw) if raw.isdigit() else None
+    # Delta-seconds, in ASCII digits ("²".isdigit() is true too, and float() refuses it).
+    return float(raw) if raw.isascii() and raw.isdigit() else None
 
 
 async def _drain(response: httpx.Response) -> None:
@@ -304,7 +309,8 @@ async def post_event(
         if isinstance(cause, BlockedAddress):
             return Outcome(status=None, error=str(cause), duration_ms=took())
         return Outcome(status=None, error=f"connection failed: {exc}"[:300], duration_ms=took())
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        # (InvalidURL: a URL saved before validate_url refused what httpx cannot send)
         return Outcome(status=None, error=f"{type(exc).__name__}: {exc}"[:300], duration_ms=took())
     status = response.status_code
     error = None if 200 <= status < 300 else f"HTTP {status}"

@@ -71,7 +71,7 @@ def classify(status: int | None, error: str | None) -> Result:
         return Result("failure", None, error or "no response")
     if 200 <= status < 300:
         return Result("success", status, None)
-    if status >= 500 or status in FAILURE_STATUSES:
+    if 500 <= status < 600 or status in FAILURE_STATUSES:
         return Result("failure", status, error or f"HTTP {status}")
     return Result("other", status, error or f"HTTP {status}")
 
