@@ -168,8 +168,10 @@ async def run(
                 base_url=config.server.public_url or urls[0],
                 metrics=app_state.metrics,
             )
-            await nursery.start(hub.run)
+            # Known to the API before its first reconcile: a URL list saved meanwhile is then
+            # either read by that reconcile or reconciled by its own request (after it).
             app_state.channel_hub = hub
+            await nursery.start(hub.run)
             for account_pk in await store.read(webhooks.account_pks):
                 deliverer = InboxWebhookDeliverer(
                     store,

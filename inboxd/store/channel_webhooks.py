@@ -13,7 +13,7 @@ from inboxd.errors import NotFound
 from inboxd.store import mail
 from inboxd.store.events import JOURNAL_COLUMNS, JournalEvent, journal_event
 from inboxd.webhooks import notices
-from inboxd.webhooks.policy import DELIVERING, Decision, UrlState, reenabled
+from inboxd.webhooks.policy import DELIVERING, Decision, Policy, UrlState, reenabled
 
 SECRET_PREFIX_LEN: Final = 12
 
@@ -139,6 +139,7 @@ class NoticeContext:
 
     base_url: str
     min_created_at: int
+    policy: Policy  # what the warning says will happen next
 
 
 def record(
@@ -188,7 +189,7 @@ def _queue_notice(
         )
     else:
         notice = notices.warning(
-            info["name"], row.channel_id, row.url, s.failure_count, s.last_error, link
+            info["name"], row.channel_id, row.url, s.failure_count, s.last_error, link, ctx.policy
         )
     mail.queue(
         conn,

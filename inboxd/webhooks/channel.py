@@ -112,8 +112,10 @@ class ChannelWebhookHub:
             await trio.sleep_forever()
 
     async def reconcile(self) -> None:
-        """Run exactly one supervisor per stored URL, restarting those saved again."""
-        assert self._nursery is not None, "the hub is not running"
+        """Run exactly one supervisor per stored URL, restarting those saved again. Before
+        ``run`` has started this does nothing: run's first reconcile reads the store after it."""
+        if self._nursery is None:
+            return
         async with self._reconcile_lock:
             wanted = await self.store.read(cw.all_urls)
             for pk, running in list(self._running.items()):
@@ -205,7 +207,9 @@ class UrlSupervisor:
             decision,
             advance_to,
             now,
-            cw.NoticeContext(base_url=hub.base_url, min_created_at=hub.min_created_at()),
+            cw.NoticeContext(
+                base_url=hub.base_url, min_created_at=hub.min_created_at(), policy=hub.policy
+            ),
         )
         log.info(
             "channel webhook attempt",

@@ -3,11 +3,13 @@ notifications"): the warning after the second failure, and the notice that deliv
 
 from __future__ import annotations
 
+from typing import Final
 from urllib.parse import quote
 
 import attrs
 
 from inboxd.timeutil import format_us
+from inboxd.webhooks.policy import Policy
 
 
 @attrs.frozen
@@ -26,14 +28,44 @@ def _headers(link: str) -> dict[str, str]:
     return {"List-Unsubscribe": f"<{link}>", "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"}
 
 
+_UNITS: Final = ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second"))
+
+
+def spoken(seconds: float) -> str:
+    """A duration as the emails say it: "10 minutes", "1 hour", "90 seconds"."""
+    for size, unit in _UNITS:
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'' if n == 1 else 's'}"
+    return f"{seconds:g} seconds"
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def warning(
-    channel_name: str, channel_id: str, url: str, failures: int, error: str | None, link: str
+    channel_name: str,
+    channel_id: str,
+    url: str,
+    failures: int,
+    error: str | None,
+    link: str,
+    policy: Policy,
 ) -> Notice:
+    """The warning; what it says will happen next is the daemon's own policy
+    (``channel_webhooks.pause_after`` and ``probe_schedule``)."""
+    checks = [spoken(us / 1_000_000) for us in policy.probe_schedule_us]
+    then = (
+        f"is checked again after {_listed(checks)}"
+        if checks
+        else "stops until the URL is saved again"
+    )
     body = (
         f"Deliveries of channel {channel_name} ({channel_id}) to\n\n  {url}\n\n"
         f"have failed {failures} times in a row (last error: {error or 'unknown'}).\n"
-        "Messages are still being sent and retried. If the URL keeps failing for 10 minutes,\n"
-        "delivery to it pauses and is checked again after 15 minutes, 1 hour and 6 hours.\n\n"
+        "Messages are still being sent and retried. If the URL keeps failing for"
+        f" {spoken(policy.pause_after_us / 1_000_000)},\ndelivery to it pauses and {then}.\n\n"
         f"Stop these emails: {link}\n"
     )
     return Notice(f"Webhook deliveries are failing: {url}", body, _headers(link))
