@@ -99,6 +99,17 @@ async def send(owner: httpx.AsyncClient, seeded: Seed, text: str, **kw: Any) -> 
 # -- configuration -------------------------------------------------------------------------------
 
 
+async def paused_after_failing(
+    owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver, first: str = "m0"
+) -> dict[str, Any]:
+    """Save the receiver's URL, make it fail on everything and send ``first``: once the URL is
+    paused (10 minutes of failures), its settings."""
+    await save_urls(owner, seeded.sales_id, receiver.url)
+    receiver.default_status = 503
+    await send(owner, seeded, first)
+    return await until(owner, seeded.sales_id, receiver.url, state="paused")
+
+
 async def test_saving_and_reading_the_url_list(owner: httpx.AsyncClient, seeded: Seed) -> None:
     first = await save_urls(
         owner, seeded.sales_id, "https://a.example.com/h", "https://b.example.com/h"
@@ -234,10 +245,7 @@ async def test_ten_minutes_of_failures_pause_then_probes_then_disabled(
     seeded: Seed,
     receiver: Receiver,
 ) -> None:
-    await save_urls(owner, seeded.sales_id, receiver.url)
-    receiver.default_status = 503
-    await send(owner, seeded, "first")
-    paused = await until(owner, seeded.sales_id, receiver.url, state="paused")
+    paused = await paused_after_failing(owner, seeded, receiver, "first")
     assert paused["pausedAt"] and paused["nextProbeAt"] and paused["probesDone"] == 0
     attempts = list(receiver.requests)
     assert len(attempts) == 6  # 0, +10 s, +40 s, +2:40, +7:40, +17:40
@@ -285,10 +293,7 @@ async def test_a_2xx_probe_resumes_and_kept_messages_follow_in_order(
     receiver: Receiver,
     successful_probe: int,
 ) -> None:
-    await save_urls(owner, seeded.sales_id, receiver.url)
-    receiver.default_status = 503
-    await send(owner, seeded, "m0")
-    paused = await until(owner, seeded.sales_id, receiver.url, state="paused")
+    paused = await paused_after_failing(owner, seeded, receiver)
     await send(owner, seeded, "m1")
     await send(owner, seeded, "m2")
     for _ in range(successful_probe):
@@ -348,10 +353,7 @@ async def test_a_url_saved_in_place_of_a_paused_one_starts_fresh(
 ) -> None:
     """Replacing a broken URL with a working one in one request: the new one gets messages at
     once (it used to inherit the removed one's pk, supervisor and 15-minute probe timer)."""
-    await save_urls(owner, seeded.sales_id, receiver.url)
-    receiver.default_status = 503
-    await send(owner, seeded, "m0")
-    await until(owner, seeded.sales_id, receiver.url, state="paused")
+    await paused_after_failing(owner, seeded, receiver)
     await save_urls(owner, seeded.sales_id, second.url)
     replaced_at = trio.current_time()
     await send(owner, seeded, "m1")
@@ -367,10 +369,7 @@ async def test_a_removed_urls_probe_in_flight_is_not_recorded_on_its_replacement
     receiver: Receiver,
     second: Receiver,
 ) -> None:
-    await save_urls(owner, seeded.sales_id, receiver.url)
-    receiver.default_status = 503
-    await send(owner, seeded, "m0")
-    await until(owner, seeded.sales_id, receiver.url, state="paused")
+    await paused_after_failing(owner, seeded, receiver)
     await receiver.wait_for(6 + 2, within=2 * HOUR)  # the 15 min and 1 h probes failed
     receiver.hang = True  # the last probe (6 h) hangs until its timeout
     await receiver.wait_for(6 + 3, within=6 * HOUR)
