@@ -384,3 +384,58 @@ class ActionsMachine(RuleBasedStateMachine):
 
 TestActionsMachine = ActionsMachine.TestCase
 TestActionsMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"), [("remove the member", 401), ("take the member's channels", 404)]
+)
+async def test_a_write_acts_for_the_key_as_it_is_when_the_write_runs(
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    monkeypatch: pytest.MonkeyPatch,
+    change: str,
+    refused: int,
+) -> None:
+    """Bob's request is authenticated, then held before its body is read (what a slow client,
+    or a batch ahead of it in the writer, does); meanwhile the owner removes Bob or takes his
+    channels. His write must not happen (it used to, with the principal of the request's start)."""
+    import trio
+
+    from inboxd.api import inbox as inbox_api
+
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="x"))["conversationId"]
+    members = (await owner.get("/api/v1/inbox/team/members")).json()
+    bob = next(m for m in members if m["userId"] == seeded.bob_id)
+    held, go = trio.Event(), trio.Event()
+    json_body = inbox_api.json_body
+
+    async def held_body(*args: Any, **kwargs: Any) -> Any:
+        held.set()
+        await go.wait()
+        return await json_body(*args, **kwargs)
+
+    monkeypatch.setattr(inbox_api, "json_body", held_body)
+    answers: list[httpx.Response] = []
+
+    async def bobs_write() -> None:
+        answers.append(
+            await owner.patch(
+                f"{CONV}/{conv}/status", json={"status": "CLOSED"}, headers=auth(seeded.bob_key)
+            )
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bobs_write)
+        with trio.fail_after(10):
+            await held.wait()
+        if change == "remove the member":
+            done = await owner.delete(f"/api/v1/inbox/team/members/{bob['memberId']}")
+        else:
+            done = await owner.put(
+                f"/api/v1/inbox/team/members/{bob['memberId']}/channels", json={"channelIds": []}
+            )
+        assert done.status_code == 200
+        go.set()
+    (answer,) = answers
+    assert answer.status_code == refused, answer.text
+    assert (await owner.get(f"{CONV}/{conv}")).json()["status"] == "OPEN"

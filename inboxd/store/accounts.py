@@ -9,7 +9,7 @@ from typing import Final
 import attrs
 
 from inboxd import ids
-from inboxd.errors import InvalidRequest, NotFound, StoreError
+from inboxd.errors import InvalidRequest, NotFound, StoreError, Unauthorized
 from inboxd.model import (
     ROLE_OPERATOR,
     ROLE_OWNER,
@@ -203,6 +203,26 @@ def principal_of_key(conn: sqlite3.Connection, key_pk: int) -> Principal | None:
     again when access may have changed."""
     row = conn.execute(f"{_LIVE_KEY} WHERE k.pk = ? AND {_LIVE}", (key_pk,)).fetchone()
     return None if row is None else _principal(conn, row)
+
+
+def live_args(conn: sqlite3.Connection, args: tuple[object, ...]) -> tuple[object, ...]:
+    """A write's arguments with each principal read again in the write's own transaction.
+
+    A request's principal is read as it starts (and cached): by the time its write runs, after
+    its body came in or behind a batch that committed first, the key may have been revoked, its
+    member removed or a channel taken away. A write acts for the key as it is now: Unauthorized
+    (401) once the key or member is gone, and the channels it has now (404 outside them)."""
+    if not any(isinstance(a, Principal) for a in args):
+        return args
+    live: list[object] = []
+    for a in args:
+        if isinstance(a, Principal):
+            now = principal_of_key(conn, a.key_pk)
+            if now is None:
+                raise Unauthorized("the API key was revoked or its member removed")
+            a = now
+        live.append(a)
+    return tuple(live)
 
 
 _LIVE_KEY: Final = (

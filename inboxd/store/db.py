@@ -55,6 +55,7 @@ import attrs
 import trio
 
 from inboxd.errors import ServiceUnavailable, StoreError
+from inboxd.store.accounts import live_args
 from inboxd.store.schema import MIGRATIONS
 from inboxd.store.writer import WriterProcess
 
@@ -467,7 +468,7 @@ def run_writes(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
             conn.appended, conn.wakes = [], set()  # type: ignore[attr-defined]
             conn.execute("SAVEPOINT w")
             try:
-                r.result = r.fn(conn, *r.args)
+                r.result = r.fn(conn, *live_args(conn, r.args))
                 if r.mark is not None:
                     _mark_applied(conn, r.mark)
             except BaseException as exc:
