@@ -107,3 +107,27 @@ async def test_a_change_whose_response_was_lost_is_never_applied_twice(
         assert running.value.code == "idempotency_in_progress"
     finally:
         store.close()
+
+
+async def test_a_repeat_gets_no_new_key_or_secret_and_none_is_stored(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    """Keys are shown once and stored only as a hash; a webhook secret is never returned after
+    the response that made it: the Idempotency-Key record keeps them as null."""
+    key = {"Idempotency-Key": "mint-1"}
+    created = await owner.post("/api/v1/inbox/keys", headers=key)
+    assert created.status_code == 201
+    again = await owner.post("/api/v1/inbox/keys", headers=key)
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert again.json() == {**created.json(), "apiKey": None}
+    hook = {"Idempotency-Key": "hook-1"}
+    url = {"url": "https://hooks.example.com/inbox"}
+    saved = await owner.put("/api/v1/inbox/webhook", json=url, headers=hook)
+    assert saved.status_code == 200 and saved.json()["secret"].startswith("whsec_")
+    replayed = await owner.put("/api/v1/inbox/webhook", json=url, headers=hook)
+    assert replayed.json() == {**saved.json(), "secret": None}
+    bodies = store.read_sync(
+        lambda c: [bytes(r[0] or b"") for r in c.execute("SELECT body FROM idempotency_keys")]
+    )
+    for secret in (created.json()["apiKey"], saved.json()["secret"]):
+        assert not any(secret.encode() in body for body in bodies)

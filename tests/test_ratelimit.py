@@ -39,3 +39,10 @@ def test_bucket_refills_at_the_configured_rate() -> None:
 def test_zero_rate_disables_the_limit() -> None:
     limiter = RateLimiter(rate=0, burst=1, clock=lambda: 0.0)
     assert all(limiter.take(1) == 0 for _ in range(1000))
+
+
+def test_zero_burst_disables_the_limit_too() -> None:
+    """README: either at 0 turns it off. A burst of 0 with a rate used to refuse every request
+    for good, each with a Retry-After that never came true."""
+    limiter = RateLimiter(rate=50, burst=0, clock=lambda: 0.0)
+    assert all(limiter.take(1) == 0 for _ in range(1000))

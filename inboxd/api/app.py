@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
 import attrs
+import orjson
 import trio
 from quart import Request, Response, current_app, g, request
 from quart.sessions import NullSession, SessionInterface
@@ -240,10 +241,30 @@ async def _idempotency_complete(key: str, response: Response) -> None:
         if response.status_code >= 500:
             await store.write(idempotency.release, user_pk, key)
         else:
-            body = await response.get_data()
+            body = _without_secrets(await response.get_data(as_text=False))
             await store.write(idempotency.complete, user_pk, key, response.status_code, body)
     except Exception:
         log.exception("could not record the Idempotency-Key response")
+
+
+# Fields of a response that carry a new API key or signing secret (new keys, accepted invites,
+# saved or rotated webhooks).
+SECRET_FIELDS: Final = ("apiKey", "secret")
+
+
+def _without_secrets(body: bytes) -> bytes:
+    """A response as an Idempotency-Key keeps it, to answer repeats: a new API key or signing
+    secret in it becomes null. Keys are shown once and stored only as a hash, and a webhook's
+    secret is never returned after the response that made it; a client that lost that
+    response revokes the key or rotates the secret."""
+    if not any(b'"%s"' % name.encode() in body for name in SECRET_FIELDS):
+        return body
+    data = orjson.loads(body)
+    if isinstance(data, dict):
+        for name in SECRET_FIELDS:
+            if data.get(name) is not None:
+                data[name] = None
+    return orjson.dumps(data)
 
 
 def _error_response(exc: InboxError) -> Response:

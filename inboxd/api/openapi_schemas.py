@@ -220,6 +220,16 @@ def _secret(description: str) -> Schema:
     return string(description, pattern=SECRET_PATTERN)
 
 
+def _shown_once(schema: Schema) -> Schema:
+    """A new key or secret: null when an Idempotency-Key repeat answers with this response
+    again (it is shown once; the stored response keeps no copy)."""
+    out = nullable(schema)
+    out["description"] = (
+        f"{schema.get('description', '')}; null in a replay for a repeated Idempotency-Key"
+    ).lstrip("; ")
+    return out
+
+
 def resource_schemas() -> dict[str, Schema]:
     fields = _conversation_fields()
     conversation_page = record(
@@ -341,7 +351,11 @@ def resource_schemas() -> dict[str, Schema]:
             }
         ),
         "NewApiKey": record(
-            {"apiKey": string("shown only here"), "keyId": string(), "prefix": string()}
+            {
+                "apiKey": _shown_once(string("shown only here")),
+                "keyId": string(),
+                "prefix": string(),
+            }
         ),
         "RevokedApiKey": record({"keyId": string(), "revoked": {"const": True}}),
         "Invite": record(
@@ -367,7 +381,11 @@ def resource_schemas() -> dict[str, Schema]:
             }
         ),
         "NewMember": record(
-            {"memberId": string(), "userId": string(), "apiKey": string("shown only here")}
+            {
+                "memberId": string(),
+                "userId": string(),
+                "apiKey": _shown_once(string("shown only here")),
+            }
         ),
         "RemovedMember": record({"memberId": string(), "removed": {"const": True}}),
         "InboxWebhook": record(webhook, description="The inbox webhook configuration."),
@@ -375,7 +393,7 @@ def resource_schemas() -> dict[str, Schema]:
             {
                 **webhook,
                 "created": boolean("true when this call created the webhook"),
-                "secret": _secret("only when the webhook was created"),
+                "secret": _shown_once(_secret("only when the webhook was created")),
             },
             optional=["secret"],
         )
@@ -388,7 +406,9 @@ def resource_schemas() -> dict[str, Schema]:
             {
                 **webhook,
                 "created": {"const": False},
-                "secret": _secret("the new secret; the old one stops verifying at once"),
+                "secret": _shown_once(
+                    _secret("the new secret; the old one stops verifying at once")
+                ),
             }
         ),
         "DeletedInboxWebhook": record({"removed": boolean("false when none was saved")}),
@@ -445,10 +465,15 @@ def resource_schemas() -> dict[str, Schema]:
         ),
         "ChannelWebhookSettings": record(settings),
         "SavedChannelWebhook": record(
-            {**settings, "secret": _secret("only when this call created the channel's secret")},
+            {
+                **settings,
+                "secret": _shown_once(_secret("only when this call created the channel's secret")),
+            },
             optional=["secret"],
         ),
-        "RotatedChannelWebhook": record({**settings, "secret": _secret("the new secret")}),
+        "RotatedChannelWebhook": record(
+            {**settings, "secret": _shown_once(_secret("the new secret"))}
+        ),
         "EventPage": record(
             {
                 "events": array(ref("FeedEvent"), "oldest first"),

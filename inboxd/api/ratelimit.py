@@ -25,7 +25,7 @@ class RateLimiter:
 
     def take(self, key: int) -> float:
         """Take one token; returns 0 when allowed, else the seconds until a token is there."""
-        if self._rate <= 0:
+        if self._rate <= 0 or self._burst < 1:  # either at 0 turns it off (README)
             return 0.0
         now = self._clock()
         bucket = self._buckets.get(key)
