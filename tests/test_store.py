@@ -955,3 +955,42 @@ async def test_the_checkpointer_copies_the_wal_outside_commits(
         assert automatic == 1000
     finally:
         store.close()
+
+
+def test_a_backup_finishes_while_another_connection_keeps_committing(tmp_path: Path) -> None:
+    """The copy reads one snapshot: it used to start over at every commit between its steps
+    and never finished under steady writes."""
+    seed_store(tmp_path)
+    with sqlite3.connect(db.db_path(tmp_path)) as conn:  # ~24 MB: the copy takes several steps
+        conn.execute("CREATE TABLE ballast (b BLOB)")
+        conn.executemany("INSERT INTO ballast VALUES (randomblob(100000))", [()] * 240)
+    stop = threading.Event()
+    commits = [0]
+
+    def keep_committing() -> None:
+        writer = sqlite3.connect(db.db_path(tmp_path), isolation_level=None, timeout=30)
+        writer.execute("CREATE TABLE ticks (n INTEGER)")
+        while not stop.is_set():
+            writer.execute("INSERT INTO ticks VALUES (1)")
+            commits[0] += 1
+        writer.close()
+
+    thread = threading.Thread(target=keep_committing)
+    thread.start()
+    store = Store.open(tmp_path, readers=1)
+    target = tmp_path / "backup.db"
+    finished = threading.Event()
+    try:
+        while commits[0] < 10:  # writes are under way
+            pass
+        backup = threading.Thread(target=lambda: (store.backup_to(target), finished.set()))
+        backup.start()
+        backup.join(timeout=30)
+    finally:
+        stop.set()
+        thread.join()
+        store.close()
+    assert finished.is_set(), f"no backup after 30 s and {commits[0]} commits"
+    with sqlite3.connect(target) as copy:
+        assert copy.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert copy.execute("SELECT count(*) FROM ballast").fetchone() == (240,)

@@ -925,7 +925,13 @@ class Store:
                     if progress is not None:
                         progress(total - remaining, total)
 
+                # One snapshot for the whole copy. Without a read transaction of its own, SQLite
+                # starts the copy over whenever another connection commits between two of its
+                # steps: under steady writes it never finished.
+                src.execute("BEGIN")
+                src.execute("SELECT count(*) FROM sqlite_schema").fetchone()
                 src.backup(dest, pages=1024, progress=report)
+                src.execute("COMMIT")
             finally:
                 src.close()
         finally:
