@@ -166,6 +166,28 @@ async def test_a_writer_killed_mid_batch_fails_that_batch_with_503_and_commits_n
     assert [d["n"] for d in committed(store)] == [1, 2]
 
 
+async def test_events_of_a_batch_whose_writer_died_after_committing_are_still_heard(
+    store: Store,
+) -> None:
+    """The write gets 503 writer_stopped ("may or may not"), but it did commit: the journal's
+    listeners (the live feed, the webhook deliverers) hear of its event all the same, once and
+    in order, and the signals it would have bumped are bumped (they used to hear nothing)."""
+    seen: list[Appended] = []
+    store.add_journal_listener(seen.extend)
+    await store.write(helpers.record_pid, 1)
+    await store.write(helpers.die_after_the_next_commit)
+    signal_before = store.signal("test.signal").version
+    with pytest.raises(ServiceUnavailable) as lost:
+        await store.write(helpers.record_pid, 2)
+    assert lost.value.code == "writer_stopped"
+    assert [d["n"] for d in committed(store)] == [1, 2]  # it committed
+    assert store.signal("test.signal").version > signal_before
+    await store.write(helpers.record_pid, 3)  # a new writer
+    heard = [json.loads(a.body)["data"]["n"] for a in seen if a.type == "test.pid"]
+    assert heard == [1, 2, 3]
+    assert [a.seq for a in seen] == sorted({a.seq for a in seen})
+
+
 async def test_the_writer_ignores_sigterm_and_exits_once_its_pipe_closes(store: Store) -> None:
     child = await store.write(helpers.record_pid, 1)
     os.kill(child, signal.SIGTERM)  # systemd stopping the unit signals every process in it

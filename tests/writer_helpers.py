@@ -55,3 +55,15 @@ def echo_large(conn: sqlite3.Connection, blob: bytes) -> bytes:
     pipe holds at once."""
     events.append(conn, 1, None, "test.pid", {"n": len(blob), "pid": os.getpid()}, 1)
     return blob + blob
+
+
+def die_after_the_next_commit(conn: sqlite3.Connection) -> None:
+    """In the writer child: the next batch commits, then the child dies before it answers
+    (what a SIGKILL or the OOM killer does in that window)."""
+    run_batch = db.run_batch
+
+    def commit_then_die(c: sqlite3.Connection, batch: list[db.WriteRequest]) -> None:
+        run_batch(c, batch)  # BEGIN, the writes, COMMIT (with its fsync): durable now
+        os._exit(9)
+
+    db.run_batch = commit_then_die  # type: ignore[assignment]

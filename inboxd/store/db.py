@@ -460,6 +460,36 @@ def _writes_then_commit(
     _commit_batch(conn, batch)
 
 
+def _writer_stopped(error: BaseException | None) -> bool:
+    return isinstance(error, ServiceUnavailable) and error.code == "writer_stopped"
+
+
+def _journal_end(conn: sqlite3.Connection) -> int:
+    """The highest journal seq ever given (events is AUTOINCREMENT)."""
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _journal_after(conn: sqlite3.Connection, seq: int) -> list[Appended]:
+    """The journal's events after ``seq``, as the listeners get them after a commit."""
+    return [
+        Appended(
+            r["seq"],
+            r["account_pk"],
+            r["channel_pk"],
+            r["type"],
+            bool(r["for_channel_webhooks"]),
+            r["created_at"],
+            bytes(r["body"]),
+        )
+        for r in conn.execute(
+            "SELECT seq, account_pk, channel_pk, type, for_channel_webhooks, created_at, body"
+            " FROM events WHERE seq > ? ORDER BY seq",
+            (seq,),
+        )
+    ]
+
+
 def run_writes(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
     """Each write of the batch in its own savepoint, inside the open transaction; a write
     that raises an ``Exception`` is undone alone and keeps its error."""
@@ -526,6 +556,8 @@ class Store:
         assert isinstance(writer, JournalConnection)
         self._writer = writer
         self._journal_listeners: list[Callable[[list[Appended]], None]] = []
+        # The last journal event the listeners were told of (see _catch_up_listeners).
+        self._heard_seq = _journal_end(writer)
         self._readers = [_reader(self.path) for _ in range(readers)]
         # The reader used on the trio thread: it never waits for a lock (a busy store sends the
         # read to a thread instead) and checks its budget often.
@@ -749,11 +781,32 @@ class Store:
                 if r.appended:
                     for listener in self._journal_listeners:
                         listener(r.appended)
+                    self._heard_seq = max(self._heard_seq, r.appended[-1].seq)
                 for name in r.wakes:
                     if (signal := self._signals.get(name)) is not None:
                         signal.bump()
+            if any(_writer_stopped(r.error) for r in batch):
+                await self._catch_up_listeners()
         finally:
             ended.set()  # in one go: each write of the batch returns its own outcome
+
+    async def _catch_up_listeners(self) -> None:
+        """The writer process was lost during a batch: whether it committed is unknown here,
+        and if it did, its events and wakes never came back. Tell the listeners of every
+        journal event after the last one they heard of, in order (still holding the writer,
+        so nothing newer commits meanwhile), and bump every signal: the live feed has no gap,
+        and the inbox webhook, the mailer and the channel webhooks do not sleep on work."""
+        try:
+            missed = await self.read(_journal_after, self._heard_seq)
+        except Exception:
+            log.exception("could not read the journal after a lost writer")
+            return
+        if missed:
+            for listener in self._journal_listeners:
+                listener(missed)
+            self._heard_seq = missed[-1].seq
+        for signal in self._signals.values():
+            signal.bump()
 
     def _run_batch(self, batch: list[WriteRequest]) -> None:
         """One transaction, a savepoint per write (in a worker thread, or inline on MockClock)."""
