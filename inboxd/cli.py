@@ -22,6 +22,7 @@ import trio
 from inboxd import __version__, logs, wire
 from inboxd.config import Config, ConfigError, parse_bind
 from inboxd.errors import InboxError, StoreError
+from inboxd.model import EMAIL, MAX_EMAIL, MAX_NAME
 from inboxd.store import accounts
 from inboxd.store.db import Store, store_exists
 from inboxd.timeutil import now_us
@@ -130,6 +131,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     trio.run(main)
     return 0
+
+
+def _name(text: str) -> str:
+    """A channel's or a member's name: 1 to MAX_NAME characters once trimmed (as the API)."""
+    name = text.strip()
+    if not 1 <= len(name) <= MAX_NAME:
+        raise argparse.ArgumentTypeError(f"a name must be 1 to {MAX_NAME} characters")
+    return name
+
+
+def _email(text: str) -> str:
+    """An operator's email, checked as the invite endpoint checks it."""
+    email = text.strip()
+    if len(email) > MAX_EMAIL or not EMAIL.match(email):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an email address")
+    return email
 
 
 def cmd_channel_add(args: argparse.Namespace) -> int:
@@ -278,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True, parser_class=_Parser
     )
     p = with_data(channel.add_parser("add", help="add a channel; prints it as JSON"))
-    p.add_argument("--name", required=True)
+    p.add_argument("--name", required=True, type=_name)
     p.add_argument("--type", default="WHATSAPP", help="channel type (default WHATSAPP)")
     handler(p, cmd_channel_add)
     handler(with_data(channel.add_parser("list", help="list channels")), cmd_channel_list)
@@ -287,8 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True, parser_class=_Parser
     )
     p = with_data(user.add_parser("add", help="add an operator directly (no invite)"))
-    p.add_argument("--email", required=True)
-    p.add_argument("--name", required=True)
+    p.add_argument("--email", required=True, type=_email)
+    p.add_argument("--name", required=True, type=_name)
     p.add_argument("--channels", help="comma-separated channel ids the operator can open")
     handler(p, cmd_user_add)
 

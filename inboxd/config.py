@@ -45,13 +45,56 @@ def _kind(kind: str) -> dict[str, str]:
     return {"kind": kind}
 
 
+# Range checks: a value that would break the daemon at its first use (every request 413, every
+# feed upgrade failing) is refused when the config is read, naming the key.
+Check = Any  # an attrs validator: (instance, attribute, value) -> None
+
+
+def _at_least(low: float) -> Check:
+    def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+        if value < low:
+            raise ValueError(f"{_key(attribute)} must be at least {low:g}, not {value!r}")
+
+    return check
+
+
+def _more_than(low: float) -> Check:
+    def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+        if value <= low:
+            raise ValueError(f"{_key(attribute)} must be more than {low:g}, not {value!r}")
+
+    return check
+
+
+def _each(inner: Check) -> Check:
+    def check(instance: object, attribute: attrs.Attribute[Any], values: tuple[Any, ...]) -> None:
+        for value in values:
+            inner(instance, attribute, value)
+
+    return check
+
+
+def _port(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{_key(attribute)} must be a port from 1 to 65535, not {value!r}")
+
+
+def _readable_file(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value and not os.access(value, os.R_OK):
+        raise ValueError(f"{_key(attribute)}: {value} does not exist or cannot be read")
+
+
 @attrs.frozen
 class ServerConfig:
     bind: str = attrs.field(default="127.0.0.1:8080", metadata=_kind("str"))
-    max_body_bytes: int = attrs.field(default=1_048_576, metadata=_kind("int"))
+    max_body_bytes: int = attrs.field(
+        default=1_048_576, metadata=_kind("int"), validator=_at_least(1)
+    )
     # How long in-flight requests may take to finish after SIGTERM (systemd's TimeoutStopSec is
     # set above it).
-    shutdown_timeout: float = attrs.field(default=5.0, metadata=_kind("duration"))
+    shutdown_timeout: float = attrs.field(
+        default=5.0, metadata=_kind("duration"), validator=_at_least(0)
+    )
     # The address users reach the daemon at, for links in emails; empty: the bound address.
     public_url: str = attrs.field(default="", metadata=_kind("str"))
     # At start, have the OS read the store into its page cache in the background when it takes
@@ -61,18 +104,26 @@ class ServerConfig:
 
 @attrs.frozen
 class WebhooksConfig:
-    request_timeout: float = attrs.field(default=10.0, metadata=_kind("duration"))
-    ca_file: str = attrs.field(default="", metadata=_kind("str"))
+    request_timeout: float = attrs.field(
+        default=10.0, metadata=_kind("duration"), validator=_more_than(0)
+    )
+    ca_file: str = attrs.field(default="", metadata=_kind("str"), validator=_readable_file)
     allow_private_hosts: bool = attrs.field(default=False, metadata=_kind("bool"))
 
 
 @attrs.frozen
 class ChannelWebhooksConfig:
-    pause_after: float = attrs.field(default=10 * MINUTE, metadata=_kind("duration"))
-    probe_schedule: tuple[float, ...] = attrs.field(
-        default=(15 * MINUTE, HOUR, 6 * HOUR), metadata=_kind("durations")
+    pause_after: float = attrs.field(
+        default=10 * MINUTE, metadata=_kind("duration"), validator=_at_least(0)
     )
-    backlog_retention: float = attrs.field(default=DAY, metadata=_kind("duration"))
+    probe_schedule: tuple[float, ...] = attrs.field(
+        default=(15 * MINUTE, HOUR, 6 * HOUR),
+        metadata=_kind("durations"),
+        validator=_each(_more_than(0)),
+    )
+    backlog_retention: float = attrs.field(
+        default=DAY, metadata=_kind("duration"), validator=_at_least(0)
+    )
 
 
 @attrs.frozen
@@ -80,13 +131,14 @@ class InboxWebhookConfig:
     retry_schedule: tuple[float, ...] = attrs.field(
         default=(10.0, MINUTE, 5 * MINUTE, 30 * MINUTE, 2 * HOUR, 6 * HOUR, 12 * HOUR, DAY),
         metadata=_kind("durations"),
+        validator=_each(_at_least(0)),
     )
 
 
 @attrs.frozen
 class MailConfig:
     smtp_host: str = attrs.field(default="", metadata=_kind("str"))
-    smtp_port: int = attrs.field(default=25, metadata=_kind("int"))
+    smtp_port: int = attrs.field(default=25, metadata=_kind("int"), validator=_port)
     from_: str = attrs.field(default="inboxd@localhost", metadata={"kind": "str", "key": "from"})
     starttls: bool = attrs.field(default=False, metadata=_kind("bool"))
     username: str = attrs.field(default="", metadata=_kind("str"))
@@ -95,15 +147,19 @@ class MailConfig:
 
 @attrs.frozen
 class FeedConfig:
-    retention: float = attrs.field(default=7 * DAY, metadata=_kind("duration"))
+    retention: float = attrs.field(
+        default=7 * DAY, metadata=_kind("duration"), validator=_more_than(0)
+    )
     # Events that may wait for one websocket client; past that it is closed with 1013.
-    queue_bound: int = attrs.field(default=1000, metadata=_kind("int"))
+    queue_bound: int = attrs.field(default=1000, metadata=_kind("int"), validator=_at_least(1))
 
 
 @attrs.frozen
 class LimitsConfig:
-    requests_per_second: float = attrs.field(default=50.0, metadata=_kind("float"))
-    burst: int = attrs.field(default=100, metadata=_kind("int"))
+    requests_per_second: float = attrs.field(
+        default=50.0, metadata=_kind("float"), validator=_at_least(0)
+    )
+    burst: int = attrs.field(default=100, metadata=_kind("int"), validator=_at_least(0))
 
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import attrs
+
+# An email address as the team endpoints and the CLI take it: something@domain.tld, without
+# white space or control characters.
+EMAIL: Final = re.compile(r"^[^@\s\x00-\x1f\x7f]+@[^@\s\x00-\x1f\x7f]+\.[^@\s\x00-\x1f\x7f]+$")
+MAX_EMAIL: Final = 320
+MAX_NAME: Final = 200  # a member's or a channel's name, once trimmed
 
 OPEN: Final = "OPEN"
 CLOSED: Final = "CLOSED"

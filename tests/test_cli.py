@@ -55,7 +55,18 @@ def test_data_dir_from_environment(tmp_path: Path) -> None:
 
 
 def test_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
-    for args in (["frobnicate"], ["channel", "add", "--data", str(tmp_path)], ["init"]):
+    bad_values = [  # checked as the API checks them (a name once trimmed, an email address)
+        ["channel", "add", "--data", str(tmp_path), "--name", "  "],
+        ["user", "add", "--data", str(tmp_path), "--email", "", "--name", "A"],
+        ["user", "add", "--data", str(tmp_path), "--email", "not-an-email", "--name", "A"],
+        ["user", "add", "--data", str(tmp_path), "--email", "a@example.com", "--name", ""],
+    ]
+    for args in (
+        ["frobnicate"],
+        ["channel", "add", "--data", str(tmp_path)],
+        ["init"],
+        *bad_values,
+    ):
         result = inboxd(*args, env={k: v for k, v in ENV.items() if k != "INBOXD_DATA"})
         assert result.returncode == 2, args
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -71,7 +82,18 @@ def test_other_errors_exit_1_with_one_line(tmp_path: Path) -> None:
     data = str(tmp_path / "d")
     ok("init", "--data", data)
     for args in (
-        ["user", "add", "--data", data, "--email", "a@x", "--name", "A", "--channels", "ch_nope"],
+        [
+            "user",
+            "add",
+            "--data",
+            data,
+            "--email",
+            "a@example.com",
+            "--name",
+            "A",
+            "--channels",
+            "ch_nope",
+        ],
         ["key", "create", "--data", data, "--user", "nobody@example.com"],
         ["key", "revoke", "--data", data, "key_nope"],
     ):

@@ -76,6 +76,14 @@ def test_toml_then_environment(tmp_path: Path) -> None:
         ("[feed]\nretention = '7 days'\n", {}, "feed.retention"),
         ("", {"INBOXD_LIMITS_BURST": "lots"}, "INBOXD_LIMITS_BURST"),
         ("[server\n", {}, "not valid TOML"),
+        # Values that would break the daemon at their first use are refused, naming the key.
+        ("[server]\nmax_body_bytes = -1\n", {}, "max_body_bytes must be at least 1"),
+        ("[feed]\nqueue_bound = 0\n", {}, "queue_bound must be at least 1"),
+        ("", {"INBOXD_MAIL_SMTP_PORT": "70000"}, "smtp_port must be a port from 1 to 65535"),
+        ("[webhooks]\nrequest_timeout = '0s'\n", {}, "request_timeout must be more than 0"),
+        ("[webhooks]\nca_file = '/no/such/ca.pem'\n", {}, "ca_file: /no/such/ca.pem does not"),
+        ("[limits]\nburst = -1\n", {}, "burst must be at least 0"),
+        ("[channel_webhooks]\nprobe_schedule = ['15m', '0s']\n", {}, "probe_schedule must be"),
     ],
 )
 def test_bad_config_names_the_culprit(

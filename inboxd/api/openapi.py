@@ -43,7 +43,7 @@ from inboxd.api.openapi_schemas import (
     schemas,
     string,
 )
-from inboxd.model import DIRECTIONS, SETTABLE_STATUSES
+from inboxd.model import DIRECTIONS, MAX_EMAIL, MAX_NAME, SETTABLE_STATUSES
 from inboxd.store import conversations, messages
 from inboxd.timeutil import ISO_DATE_TIME_SCHEMA
 from inboxd.webhooks import catalog
@@ -550,7 +550,7 @@ def team_operations() -> list[Entry]:
             "Invite a person by email",
             ok("Invite", "The invite; the email to the person carries the accept token.", 201),
             body=request_object(
-                {"email": string(maxLength=team.MAX_EMAIL), "channelIds": channel_ids},
+                {"email": string(maxLength=MAX_EMAIL), "channelIds": channel_ids},
                 required=["email", "channelIds"],
             ),
             errors={404: ["not_found"], 409: ["already_member"]},
@@ -577,7 +577,7 @@ def team_operations() -> list[Entry]:
             body=request_object(
                 {
                     "token": string("from the invite email", maxLength=team.MAX_TOKEN),
-                    "name": string(f"1 to {team.MAX_NAME} characters after trimming"),
+                    "name": string(f"1 to {MAX_NAME} characters after trimming"),
                 },
                 required=["token", "name"],
             ),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final
 
 from quart import Blueprint, Response
@@ -11,6 +10,7 @@ from inboxd import wire
 from inboxd.api.app import authenticate, now_us, principal, state
 from inboxd.api.http import field, json_body, json_response, trimmed_field
 from inboxd.errors import InvalidRequest
+from inboxd.model import EMAIL, MAX_EMAIL, MAX_NAME
 from inboxd.store import accounts, team
 from inboxd.timeutil import format_us
 
@@ -20,15 +20,12 @@ blueprint.before_request(authenticate)
 # Accepting an invite needs no key: the token in the body is the secret.
 public = Blueprint("team_public", __name__, url_prefix="/api/v1/inbox/team/invites")
 
-_EMAIL: Final = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-MAX_NAME: Final = 200
-MAX_EMAIL: Final = 320
 MAX_TOKEN: Final = 200
 
 
 def _email(body: dict[str, Any]) -> str:
     email: str = field(body, "email", str, required=True, max_len=MAX_EMAIL).strip()
-    if not _EMAIL.match(email):
+    if not EMAIL.match(email):
         raise InvalidRequest("email must be an email address")
     return email
 
