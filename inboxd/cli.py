@@ -25,6 +25,7 @@ from inboxd.errors import InboxError, StoreError
 from inboxd.model import EMAIL, MAX_EMAIL, MAX_NAME
 from inboxd.store import accounts
 from inboxd.store.db import Store, store_exists
+from inboxd.store.schema import MIGRATIONS
 from inboxd.timeutil import now_us
 
 log = logging.getLogger("inboxd.cli")
@@ -51,16 +52,18 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return Path(value).expanduser()
 
 
-def _open(args: argparse.Namespace) -> Store:
-    return Store.open(_data_dir(args), readers=1)
+def _open(args: argparse.Namespace, *, allow_older: bool = False) -> Store:
+    """The store as it is: only ``serve`` and ``init`` migrate it (README, Upgrading)."""
+    return Store.open(_data_dir(args), readers=1, migrate_it=False, allow_older=allow_older)
 
 
-def _init_store(data_dir: Path, owner_email: str, owner_name: str) -> dict[str, str] | None:
-    """Create the store and its account; None when one was already there."""
+def _init_store(data_dir: Path, owner_email: str, owner_name: str) -> dict[str, str] | int:
+    """Create the store and its account; when one was already there, the number of migrations
+    opening it applied instead."""
     store = Store.open(data_dir, create=True, readers=1)
     try:
         if store.read_sync(accounts.account_exists):
-            return None
+            return store.migrated
         new = store.write_sync(accounts.create_account, owner_email, owner_name, now_us())
         return {
             "accountId": new.account_id,
@@ -71,11 +74,16 @@ def _init_store(data_dir: Path, owner_email: str, owner_name: str) -> dict[str, 
         store.close()
 
 
+SCHEMA = len(MIGRATIONS)  # the schema version this inboxd writes
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
+    logs.setup("info")  # an existing store's migration steps are logged, as by serve
     created = _init_store(data_dir, args.owner_email, args.owner_name)
-    if created is None:
-        print(f"inboxd: a store already exists in {data_dir}; left as it is", file=sys.stderr)
+    if isinstance(created, int):
+        done = "left as it is" if created == 0 else f"migrated to schema version {SCHEMA}"
+        print(f"inboxd: a store already exists in {data_dir}; {done}", file=sys.stderr)
         return 0
     _emit(created)
     print(
@@ -99,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # One command from nothing to a running daemon: the first serve creates the store and
         # prints the owner's key, like ``init``.
         created = _init_store(data_dir, "owner@localhost", "Owner")
-        if created is not None:
+        if isinstance(created, dict):
             _emit(created)
             log.info("store created; the owner's API key was printed on stdout, once")
     else:
@@ -248,7 +256,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     out = Path(args.out_file).expanduser()
     if out.is_dir():
         raise UsageError(f"{out} is a directory; name the backup file")
-    store = _open(args)
+    store = _open(args, allow_older=True)  # the backup before an upgrade is of the old store
     tmp = out.with_name(out.name + ".partial")
     show = sys.stderr.isatty()
 

@@ -112,6 +112,47 @@ def test_newer_store_is_refused(tmp_path: Path) -> None:
     assert "newer" in result.stderr
 
 
+def test_only_serve_and_init_migrate_and_a_backup_copies_the_store_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """A store one schema version behind (as the previous release left it): 'key list' refuses
+    it, naming the commands that migrate; 'backup' copies it unmigrated (the backup to take
+    before an upgrade); 'init' migrates it and says so."""
+    from inboxd.store import accounts
+    from inboxd.store.schema import MIGRATIONS
+
+    data = tmp_path / "d"
+    data.mkdir()
+    older = len(MIGRATIONS) - 1
+    conn = sqlite3.connect(data / "inboxd.db", isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode = WAL")
+    for number, script in enumerate(MIGRATIONS[:older], start=1):
+        conn.executescript(f"BEGIN; {script}\nPRAGMA user_version = {number}; COMMIT;")
+    conn.execute("BEGIN")
+    accounts.create_account(conn, "me@example.com", "Me", 1)
+    conn.execute("COMMIT")
+    conn.close()
+
+    def version(path: Path) -> int:
+        with sqlite3.connect(path) as c:
+            return int(c.execute("PRAGMA user_version").fetchone()[0])
+
+    listed = inboxd("key", "list", "--data", str(data))
+    assert listed.returncode == 1
+    assert f"schema version {older}, older than" in listed.stderr
+    assert "'inboxd serve' or 'inboxd init' migrates it" in listed.stderr
+    assert version(data / "inboxd.db") == older
+    copied = ok("backup", "--data", str(data), str(tmp_path / "before.db"))
+    assert version(Path(copied["file"])) == older
+    assert version(data / "inboxd.db") == older
+    init = inboxd("init", "--data", str(data))
+    assert init.returncode == 0 and init.stdout == ""
+    assert f"migrated to schema version {len(MIGRATIONS)}" in init.stderr
+    assert "migrating the store" in init.stderr  # its log line, as serve's
+    assert version(data / "inboxd.db") == len(MIGRATIONS)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

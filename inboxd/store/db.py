@@ -294,14 +294,25 @@ def db_path_of(conn: sqlite3.Connection) -> str:
     return str(conn.execute("PRAGMA database_list").fetchone()[2])
 
 
-def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the migrations this store has not had yet; return how many were applied."""
+def _check_version(conn: sqlite3.Connection, allow_older: bool) -> None:
     version = schema_version(conn)
     if version > len(MIGRATIONS):
         raise StoreError(
             f"this store has schema version {version}, newer than this inboxd understands "
             f"({len(MIGRATIONS)}); run a newer inboxd"
         )
+    if version < len(MIGRATIONS) and not allow_older:
+        raise StoreError(
+            f"this store has schema version {version}, older than this inboxd's "
+            f"({len(MIGRATIONS)}): 'inboxd serve' or 'inboxd init' migrates it (take an "
+            "'inboxd backup' first; it copies the store as it is)"
+        )
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the migrations this store has not had yet; return how many were applied."""
+    _check_version(conn, allow_older=True)
+    version = schema_version(conn)
     applied = 0
     for number in range(version + 1, len(MIGRATIONS) + 1):
         if version > 0:  # an existing store (a new one is built in a blink)
@@ -589,6 +600,7 @@ class Store:
         # Where write batches run when set (the daemon's): a child process (store/writer.py).
         self.writer_process: WriterProcess | None = None
         self.offloaded_batches = 0  # batches whose writes all ran in a worker thread
+        self.migrated = 0  # migrations Store.open applied
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
         self._signals: dict[str, CommitSignal] = {}
@@ -601,8 +613,15 @@ class Store:
         create: bool = False,
         readers: int = DEFAULT_READERS,
         offload: bool = True,
+        migrate_it: bool = True,
+        allow_older: bool = False,
     ) -> Store:
-        """Open (and with ``create``, make) the store in ``data_dir``; migrate it forward."""
+        """Open (and with ``create``, make) the store in ``data_dir``; migrate it forward.
+
+        ``migrate_it=False`` (the CLI's commands besides ``serve`` and ``init``) leaves the
+        schema as it is and refuses a store older than this code, naming the command that
+        migrates it; with ``allow_older`` too (``backup``) an older store is opened as it is,
+        so that the backup taken before an upgrade is of the store before it."""
         if not store_exists(data_dir):
             if not create:
                 raise StoreError(f"no inboxd store in {data_dir} (run 'inboxd init --data DIR')")
@@ -615,12 +634,18 @@ class Store:
                 mode = boot.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode != "wal":
                     raise StoreError(f"could not switch {db_path(data_dir)} to WAL mode")
-                migrate(boot)
+                if migrate_it:
+                    migrated = migrate(boot)
+                else:
+                    migrated = 0
+                    _check_version(boot, allow_older)
             finally:
                 boot.close()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{db_path(data_dir)} is not a usable inboxd store: {exc}") from None
-        return cls(data_dir, readers, offload)
+        store = cls(data_dir, readers, offload)
+        store.migrated = migrated
+        return store
 
     async def checkpoint_forever(self) -> None:
         """Copy committed pages from the WAL into the database file in the background, at most
