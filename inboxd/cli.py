@@ -98,10 +98,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     data_dir = _data_dir(args)
     config = Config.load(args.config)
-    try:
-        parse_bind(args.bind or config.server.bind)
-    except ConfigError as exc:
-        raise UsageError(f"inboxd serve: {exc.message}") from None
+    if args.bind:
+        try:
+            parse_bind(args.bind)
+        except ConfigError as exc:  # the command line's: a usage error (exit 2)
+            raise UsageError(f"inboxd serve: {exc.message}") from None
+    else:
+        try:
+            parse_bind(config.server.bind)
+        except ConfigError as exc:  # the config's: exit 1, as for any other bad config value
+            raise ConfigError(f"server.bind: {exc.message}") from None
     logs.setup(config.log.level)
     if not store_exists(data_dir):
         # One command from nothing to a running daemon: the first serve creates the store and

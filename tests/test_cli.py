@@ -100,6 +100,12 @@ def test_other_errors_exit_1_with_one_line(tmp_path: Path) -> None:
         result = inboxd(*args)
         assert result.returncode == 1, args
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    # A bad bind address in the config (not on the command line) is a config error, exit 1.
+    bad_bind = inboxd("serve", "--data", data, env={**ENV, "INBOXD_SERVER_BIND": "nonsense"})
+    assert bad_bind.returncode == 1
+    assert (
+        bad_bind.stderr.strip() == "inboxd: server.bind: bind address 'nonsense' is not HOST:PORT"
+    )
 
 
 def test_newer_store_is_refused(tmp_path: Path) -> None:

@@ -129,6 +129,15 @@ async def test_invite_validation_and_owner_only(owner: httpx.AsyncClient, seeded
             method, path, json={"email": "b@example.com", "channelIds": []}, headers=ann
         )
         assert r.status_code == 403, path
+    # The permission comes before the body: an operator's key is 403 whatever it sends.
+    members = (await owner.get(f"{TEAM}/members")).json()
+    for method, path in (
+        ("POST", f"{TEAM}/invites"),
+        ("PUT", f"{TEAM}/members/{members[0]['memberId']}/channels"),
+    ):
+        r = await owner.request(method, path, content=b"{not json", headers=ann)
+        assert r.status_code == 403, path
+        assert r.json()["error"]["message"] == "only the account owner's key may manage the team"
 
 
 async def test_members_channel_change_unassigns_lost_conversations(
