@@ -399,7 +399,8 @@ def conversation_operations() -> list[Entry]:
             "renameConversation",
             "Rename the conversation (spec 12)",
             updated,
-            description="The current title again is a no-op: 200, no SYSTEM row, no event.",
+            description="Every rename writes one SYSTEM row and emits title_changed, also to"
+            " the current title (previousTitle then equals title).",
             body=request_object(
                 {"title": string(f"1 to {inbox.MAX_TITLE} characters after trimming")},
                 required=["title"],

@@ -1,7 +1,8 @@
 """SQL for the inbox actions (spec endpoints 8-12): assign, open/close, block/unblock, rename.
 
 Each real change updates the conversation, writes exactly one SYSTEM row and journals exactly one
-event, all in the caller's one transaction. A no-op (same assignee, same title) writes nothing.
+event, all in the caller's one transaction. Assigning the current assignee again writes nothing
+(the spec's no-op); every rename writes, also to the current title (the spec makes no exception).
 """
 
 from __future__ import annotations
@@ -229,8 +230,9 @@ def rename(
     conn: sqlite3.Connection, who: Principal, conversation_id: str, title: str, now: int
 ) -> Conversation:
     conv = conversations.get(conn, who, conversation_id)
-    if conv.title == title:
-        return conv  # nothing changes: no SYSTEM row, no event
+    # Also to the title it has: the spec's rename "replaces the title, writes one SYSTEM message,
+    # emits inbox.conversation.title_changed" with no exception (unlike the assignee's no-op);
+    # previousTitle then equals title. An Idempotency-Key keeps a retried rename from repeating.
     actor = actor_of(conn, who.user_pk)
     return _change(
         conn,
