@@ -15,6 +15,7 @@ from aiosmtpd.controller import Controller
 from inboxd import daemon, mailer
 from inboxd.clock import TrioClock
 from inboxd.config import Config, LimitsConfig, MailConfig, WebhooksConfig
+from inboxd.store.db import Store
 from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest
 from tests.receiver import make_certs, running_receiver
 from tests.test_team import TEAM, token_of
@@ -69,6 +70,18 @@ async def test_invite_mail_goes_through_smtp_when_configured(
     assert message["Message-ID"].startswith("<inboxd-mail-")
     assert token_of(message).startswith("inv_")
     assert not (seeded.data_dir / "mail" / "outbox").exists()
+    # Once sent, the outbox keeps no copy of the body and its token (stored only as a hash).
+    store = Store.open(seeded.data_dir, readers=1)
+
+    def bodies(conn: Any) -> list[str]:
+        return [r[0] for r in conn.execute("SELECT body FROM mail_outbox")]
+
+    try:
+        with trio.fail_after(10):
+            while store.read_sync(bodies) != [""]:  # noqa: ASYNC110 (polling the store)
+                await trio.sleep(0.01)
+    finally:
+        store.close()
 
 
 class PickyInbox(Inbox):

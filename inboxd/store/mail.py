@@ -62,9 +62,11 @@ def pending(conn: sqlite3.Connection, after_pk: int, limit: int) -> list[Mail]:
 
 
 def mark_sent(conn: sqlite3.Connection, pk: int, now: int) -> None:
+    """A mail went: its row stays (the outbox's record) without its body, which may hold an
+    invite's token (stored otherwise only as a hash) and is never needed again."""
     conn.execute(
-        "UPDATE mail_outbox SET sent_at = ?, attempts = attempts + 1, last_error = NULL"
-        " WHERE pk = ?",
+        "UPDATE mail_outbox SET sent_at = ?, attempts = attempts + 1, last_error = NULL,"
+        " body = '' WHERE pk = ?",
         (now, pk),
     )
 
