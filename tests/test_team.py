@@ -220,3 +220,30 @@ async def test_keys_over_the_api(owner: httpx.AsyncClient, seeded: Seed) -> None
     revoked = await owner.delete(f"{KEYS}/{new['keyId']}", headers=ann)
     assert revoked.status_code == 200
     assert (await owner.get(KEYS, headers=auth(new["apiKey"]))).status_code == 401
+
+
+async def test_a_removed_member_cannot_come_back_through_an_older_pending_invite(
+    owner: httpx.AsyncClient, anon: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    """Two invites to one address; the member joins through the first and is removed: the
+    second, still pending, is revoked with them (it used to let them back in)."""
+    for _ in range(2):
+        sent = await owner.post(
+            f"{TEAM}/invites", json={"email": "twice@example.com", "channelIds": []}
+        )
+        assert sent.status_code == 201
+    first, second = await outbox_mails(seeded.data_dir, 2)
+    joined = await anon.post(
+        f"{TEAM}/invites/accept", json={"token": token_of(first), "name": "Twice"}
+    )
+    assert joined.status_code == 201
+    removed = await owner.delete(f"{TEAM}/members/{joined.json()['memberId']}")
+    assert removed.status_code == 200
+    back = await anon.post(
+        f"{TEAM}/invites/accept", json={"token": token_of(second), "name": "Twice"}
+    )
+    assert back.status_code == 404
+    statuses = [i["status"] for i in (await owner.get(f"{TEAM}/invites")).json()]
+    assert sorted(statuses) == ["ACCEPTED", "REVOKED"]
+    types = [e["type"] for e in user_events(store)]
+    assert types[-2:] == ["inbox.user.invite_revoked", "inbox.user.removed"]

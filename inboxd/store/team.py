@@ -297,6 +297,23 @@ def remove_member(conn: sqlite3.Connection, who: Principal, member_id: str, now:
         "UPDATE api_keys SET revoked_at = ? WHERE user_pk = ? AND revoked_at IS NULL",
         (now, user_pk),
     )
+    # An invite to the same address still pending (sent before they joined another way) would
+    # let a removed member back in: it is revoked with them, with its own event.
+    pending = conn.execute(
+        "SELECT * FROM invites WHERE account_pk = ? AND email = ? COLLATE NOCASE"
+        " AND accepted_at IS NULL AND revoked_at IS NULL AND expires_at > ? ORDER BY pk",
+        (who.account_pk, member.email, now),
+    ).fetchall()
+    for row in pending:
+        conn.execute("UPDATE invites SET revoked_at = ? WHERE pk = ?", (now, row["pk"]))
+        events.append(
+            conn,
+            who.account_pk,
+            None,
+            events.USER_INVITE_REVOKED,
+            {"inviteId": row["id"], "email": row["email"], "actorUserId": who.user_id},
+            now,
+        )
     events.append(
         conn,
         who.account_pk,
