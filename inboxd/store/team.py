@@ -156,16 +156,21 @@ def revoke_invite(conn: sqlite3.Connection, who: Principal, invite_id: str, now:
         raise Conflict(
             f"the invite is {current.status.lower()}, not pending", code="invite_not_pending"
         )
+    _revoke(conn, who, row, now)
+    return attrs.evolve(current, status=REVOKED)
+
+
+def _revoke(conn: sqlite3.Connection, who: Principal, row: sqlite3.Row, now: int) -> None:
+    """Revoke a pending invite (a row of ``invites``), with its event."""
     conn.execute("UPDATE invites SET revoked_at = ? WHERE pk = ?", (now, row["pk"]))
     events.append(
         conn,
         who.account_pk,
         None,
         events.USER_INVITE_REVOKED,
-        {"inviteId": current.id, "email": current.email, "actorUserId": who.user_id},
+        {"inviteId": row["id"], "email": row["email"], "actorUserId": who.user_id},
         now,
     )
-    return attrs.evolve(current, status=REVOKED)
 
 
 def accept_invite(conn: sqlite3.Connection, token: str, name: str, now: int) -> accounts.NewUser:
@@ -305,15 +310,7 @@ def remove_member(conn: sqlite3.Connection, who: Principal, member_id: str, now:
         (who.account_pk, member.email, now),
     ).fetchall()
     for row in pending:
-        conn.execute("UPDATE invites SET revoked_at = ? WHERE pk = ?", (now, row["pk"]))
-        events.append(
-            conn,
-            who.account_pk,
-            None,
-            events.USER_INVITE_REVOKED,
-            {"inviteId": row["id"], "email": row["email"], "actorUserId": who.user_id},
-            now,
-        )
+        _revoke(conn, who, row, now)
     events.append(
         conn,
         who.account_pk,
