@@ -24,6 +24,7 @@ from inboxd.feed import (
 )
 from inboxd.model import Principal
 from inboxd.store import accounts, events
+from inboxd.store.db import journal_end
 
 blueprint = Blueprint("feed", __name__, url_prefix="/api/v1/inbox")
 blueprint.before_request(authenticate)  # HTTP routes only; the websocket authenticates itself
@@ -156,7 +157,7 @@ async def _replay(client: FeedClient, since: int) -> int:
     store = state().store
     retention_us = round(state().config.feed.retention * 1_000_000)
     first = await store.read(events.read_after, client.who.account_pk, since, 1)
-    end = await store.read(events.last_seq)
+    end = await store.read(journal_end)
     pruned = await store.read(events.pruned_through)
     if (
         since > end

@@ -11,6 +11,7 @@ import attrs
 from inboxd import ids
 from inboxd.errors import NotFound
 from inboxd.store import mail
+from inboxd.store.db import journal_end
 from inboxd.store.events import JOURNAL_COLUMNS, JournalEvent, journal_event
 from inboxd.webhooks import notices
 from inboxd.webhooks.policy import DELIVERING, Decision, Policy, UrlState, reenabled
@@ -292,7 +293,7 @@ def replace_urls(
     for url, r in existing.items():
         if url not in keep:
             conn.execute("DELETE FROM channel_webhook_urls WHERE pk = ?", (r["pk"],))
-    end = int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
+    end = journal_end(conn)
     for position, url in enumerate(keep):
         r = existing.get(url)
         if r is None:

@@ -475,8 +475,10 @@ def _writer_stopped(error: BaseException | None) -> bool:
     return isinstance(error, ServiceUnavailable) and error.code == "writer_stopped"
 
 
-def _journal_end(conn: sqlite3.Connection) -> int:
-    """The highest journal seq ever given (events is AUTOINCREMENT)."""
+def journal_end(conn: sqlite3.Connection) -> int:
+    """The highest journal seq ever given: ``events`` is AUTOINCREMENT, so SQLite keeps it in
+    ``sqlite_sequence`` and pruning never lowers it (``max(seq)`` of a journal pruned empty is
+    0, which made a caught-up feed client's ``since`` look beyond the journal)."""
     row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
     return int(row[0]) if row else 0
 
@@ -568,7 +570,7 @@ class Store:
         self._writer = writer
         self._journal_listeners: list[Callable[[list[Appended]], None]] = []
         # The last journal event the listeners were told of (see _catch_up_listeners).
-        self._heard_seq = _journal_end(writer)
+        self._heard_seq = journal_end(writer)
         self._readers = [_reader(self.path) for _ in range(readers)]
         # The reader used on the trio thread: it never waits for a lock (a busy store sends the
         # read to a thread instead) and checks its budget often.

@@ -132,14 +132,6 @@ def prune(conn: sqlite3.Connection, before: int, limit: int) -> int:
     return int(deleted)
 
 
-def last_seq(conn: sqlite3.Connection) -> int:
-    """The highest seq ever given: ``events`` is AUTOINCREMENT, so SQLite keeps it in
-    ``sqlite_sequence`` and pruning never lowers it (``max(seq)`` of a journal pruned empty is 0,
-    which made a caught-up feed client's ``since`` look beyond the journal)."""
-    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-    return int(row[0]) if row else 0
-
-
 def read_after(
     conn: sqlite3.Connection, account_pk: int, after_seq: int, limit: int
 ) -> list[JournalEvent]:

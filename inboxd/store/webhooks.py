@@ -9,7 +9,7 @@ import attrs
 
 from inboxd import ids
 from inboxd.errors import NotFound
-from inboxd.store.db import wake
+from inboxd.store.db import journal_end, wake
 from inboxd.store.events import JOURNAL_COLUMNS, WEBHOOK_TYPES_SQL, JournalEvent, journal_event
 
 SECRET_PREFIX_LEN: Final = 12
@@ -62,10 +62,6 @@ def get(conn: sqlite3.Connection, account_pk: int) -> InboxWebhook | None:
     return None if row is None else InboxWebhook(**dict(row))
 
 
-def _journal_end(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
-
-
 def put(conn: sqlite3.Connection, account_pk: int, url: str, now: int) -> Saved:
     """Create the webhook (new secret, created) or change its URL (secret kept)."""
     existing = get(conn, account_pk)
@@ -74,7 +70,7 @@ def put(conn: sqlite3.Connection, account_pk: int, url: str, now: int) -> Saved:
         conn.execute(
             "INSERT INTO inbox_webhooks (account_pk, url, secret, created_at, updated_at,"
             " delivered_seq) VALUES (?, ?, ?, ?, ?, ?)",
-            (account_pk, url, secret, now, now, _journal_end(conn)),
+            (account_pk, url, secret, now, now, journal_end(conn)),
         )
         _changed(conn, account_pk)
         hook = get(conn, account_pk)
