@@ -3,9 +3,10 @@
 The inbox webhook sends one event at a time (CONTRACT section 6), so the receiver's own time is
 part of every round trip, and the figure should be the sender's. Served by hypercorn's trio
 worker in the benchmark's process, as before the thirteenth session, the receiver took 663 us of
-CPU per request, and a bare sequential sender made 881-917 requests/s against it. Served here by
-uvicorn with uvloop and httptools, it takes 196-223 us, and the same sender makes 1,374-1,615/s
-(bench/HISTORY.md, thirteenth session).
+CPU per request, and a bare sequential sender made 881-917 requests/s against it; served here by
+uvicorn with uvloop and httptools, 196-223 us and 1,374-1,615/s (both measured by hand, the
+receiver alone with the bare sender, two runs each). `bench delivery` prints this receiver's CPU
+per request beside its figures; bench/HISTORY.md (thirteenth session, item 2) has the runs.
 
 It checks every signature (HMAC-SHA256 of the body with the webhook's secret) and reports each
 request as one JSON line on stdout, written as it arrives: ``{"at": T, "id": ..., "title": ...}``

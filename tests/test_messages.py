@@ -79,7 +79,7 @@ async def test_text_beyond_ascii_is_served_as_sent(
     assert mine["contact"]["name"] == name
     assert mine["lastMessagePreview"] == content
     assert mine["title"] == "Pedido 🎉 nº 7"
-    assert name.encode() in page.content  # as UTF-8, not as \u escapes
+    assert name.encode() in page.content  # as UTF-8 (orjson never escapes it; held here too)
 
     one = (await owner.get(f"/api/v1/inbox/conversations/{conv_id}")).json()
     assert (one["contact"]["name"], one["title"]) == (name, "Pedido 🎉 nº 7")

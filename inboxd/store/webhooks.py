@@ -230,8 +230,8 @@ def queue_redelivery(conn: sqlite3.Connection, account_pk: int, event_id: str, n
     # After the events waiting now: the journal's end (this transaction journals nothing).
     cur = conn.execute(
         "INSERT INTO webhook_redeliveries (account_pk, event_seq, requested_at, after_seq)"
-        " VALUES (?, ?, ?, (SELECT coalesce(max(seq), 0) FROM events))",
-        (account_pk, row["seq"], now),
+        " VALUES (?, ?, ?, ?)",
+        (account_pk, row["seq"], now, journal_end(conn)),
     )
     wake(conn, work_queued(account_pk))
     return int(cur.lastrowid or 0)
