@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import unicodedata
 from typing import Any
 
 import httpx
@@ -396,6 +397,41 @@ async def test_search_under_three_characters_is_empty(
     result = await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": query})
     assert result.status_code == 200
     assert result.json() == {"contacts": [], "messages": []}
+
+
+async def test_search_finds_accented_text_typed_composed_or_decomposed(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    """An "é" arrives as one code point (NFC) from most keyboards and as "e" plus a combining
+    accent (NFD) from some systems; the trigram index compares code points, so a query in one
+    form used to miss text stored in the other."""
+    composed_name = "Zoë Ærø"
+    composed = await conv(
+        owner, seeded.sales_id, "2001", "2026-01-01T10:00:00Z",
+        contact={"name": composed_name}, content="ask Renée about the crème brûlée",
+    )  # fmt: skip
+    decomposed = await conv(
+        owner, seeded.sales_id, "2002", "2026-01-02T10:00:00Z",
+        contact={"name": unicodedata.normalize("NFD", "Zoë Ærø")},
+        content=unicodedata.normalize("NFD", "ask Renée about the crème brûlée"),
+    )  # fmt: skip
+    assert unicodedata.normalize("NFD", composed_name) != composed_name
+
+    async def found(query: str) -> tuple[list[str], list[str]]:
+        body = (
+            await owner.get(SEARCH, params={"channelId": seeded.sales_id, "query": query})
+        ).json()
+        return [c["id"] for c in body["contacts"]], [c["id"] for c in body["messages"]]
+
+    for form in ("NFC", "NFD"):
+        assert await found(unicodedata.normalize(form, "zoë")) == ([decomposed, composed], [])
+        assert await found(unicodedata.normalize(form, "RENÉE")) == ([], [decomposed, composed])
+        assert await found(unicodedata.normalize(form, "brûlée")) == ([], [decomposed, composed])
+    # The stored text is kept as it came: only the query is normalised.
+    history = (await owner.get(f"{LIST}/{decomposed}/messages")).json()["messages"]
+    assert unicodedata.normalize("NFD", "crème brûlée") in history[0]["content"]
+    # The minimum of three counts characters: "ée" typed decomposed is three code points.
+    assert await found(unicodedata.normalize("NFD", "ée")) == ([], [])
 
 
 async def test_search_does_not_match_system_rows_and_handles_quotes(

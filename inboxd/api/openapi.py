@@ -310,7 +310,9 @@ def conversation_operations() -> list[Entry]:
                 query(
                     "query",
                     string(maxLength=inbox.MAX_QUERY),
-                    "A case-insensitive substring, trimmed; no NUL characters.",
+                    "A case-insensitive substring, trimmed; no NUL characters. Accented"
+                    " letters match composed or decomposed (NFC or NFD), in the text or in"
+                    " the query.",
                     required=True,
                 ),
                 query("channelId", string(), "The channel to search.", required=True),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import unicodedata
 from collections.abc import Sequence
 from typing import Final
 
@@ -319,6 +320,19 @@ def _phrase(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
+def _either_form(text: str) -> str:
+    """The query in both Unicode forms (``text`` is NFC): an "é" may be stored as one code
+    point (NFC, what most keyboards send) or as "e" and a combining accent (NFD, what some
+    systems send), and the trigram index compares code points. Text stored in either form is
+    found by a query typed in either; only text mixing the two forms inside the matched part
+    is not. The index holds the text as it came (messages are stored exactly as sent), so the
+    query carries the normalisation: nothing to rebuild, nothing added to a write."""
+    decomposed = unicodedata.normalize("NFD", text)
+    if decomposed == text:
+        return _phrase(text)
+    return f"({_phrase(text)} OR {_phrase(decomposed)})"
+
+
 def search(
     conn: sqlite3.Connection, who: Principal, channel_id: str, query: str, limit: int
 ) -> SearchResult:
@@ -330,14 +344,14 @@ def search(
     stop reading once they have their page, never a scan of the channel's rows.
     """
     channel = visible_channel(conn, who, channel_id)
-    text = query.strip()
+    text = unicodedata.normalize("NFC", query.strip())
     if len(text) < MIN_QUERY_LEN:
         return SearchResult(
             contacts=load_json(conn, []),
             messages=load_json(conn, []),
         )
     in_channel = f"channel : {_phrase(channel_token(channel.pk))}"
-    contact_match = f"name : {_phrase(text)}"
+    contact_match = f"name : {_either_form(text)}"
     digits = re.sub(r"[^0-9]", "", text)
     if _PHONE_LIKE.match(text) and len(digits) >= MIN_QUERY_LEN:
         contact_match += f" OR phone_number : {_phrase(digits)}"
@@ -347,7 +361,7 @@ def search(
     message_pks = _first_distinct(
         conn,
         MESSAGE_MATCHES_SQL,
-        (f"content : {_phrase(text)} AND {in_channel}", channel.pk),
+        (f"content : {_either_form(text)} AND {in_channel}", channel.pk),
         limit,
         set(contact_pks),
     )
