@@ -585,4 +585,36 @@ def test_redeliveries_queued_before_schema_v12_go_after_the_journal_of_then(
     )
     assert migrate(conn) == len(MIGRATIONS) - 11
     assert conn.execute("SELECT after_seq FROM webhook_redeliveries").fetchall() == [(3,)]
+    # v14 rebuilt the table (AUTOINCREMENT) with its rows as they were.
+    assert conn.execute("SELECT pk, event_seq FROM webhook_redeliveries").fetchall() == [(1, 1)]
+    assert (
+        "AUTOINCREMENT"
+        in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'webhook_redeliveries'"
+        ).fetchone()[0]
+    )
     conn.close()
+
+
+def test_a_redelivery_pk_is_never_given_again(store: Store) -> None:
+    """A redelivery queued after the webhook was deleted and saved again gets a new pk: an
+    attempt still in flight for the dropped one (whose record deletes its redelivery by pk)
+    used to find the new one under the same pk and drop it unsent (schema v14)."""
+    from inboxd.store import accounts, events, webhooks
+
+    def queue(conn: Any) -> tuple[int, int]:
+        account_pk = accounts.the_account_pk(conn)
+        if webhooks.get(conn, account_pk) is None:
+            webhooks.put(conn, account_pk, "https://example.com/hook", 1)
+        seq = events.append(conn, account_pk, None, "inbox.conversation.blocked", {}, 1)
+        event_id = conn.execute("SELECT id FROM events WHERE seq = ?", (seq,)).fetchone()[0]
+        return webhooks.queue_redelivery(conn, account_pk, event_id, 1), seq
+
+    first, first_seq = store.write_sync(queue)
+    store.write_sync(lambda c: webhooks.delete(c, accounts.the_account_pk(c)))
+    second, _ = store.write_sync(queue)
+    assert second != first
+    # The dropped redelivery's attempt, recorded late, leaves the new one queued.
+    late = webhooks.Attempt(first_seq, "dlv_late", 1, "delivered", 200, None, 1.0, 2)
+    store.write_sync(lambda c: webhooks.record_attempt(c, accounts.the_account_pk(c), late, first))
+    assert store.read_sync(webhooks.redelivery_queued, second)

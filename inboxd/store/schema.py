@@ -659,6 +659,26 @@ DROP TABLE channel_webhook_urls;
 ALTER TABLE channel_webhook_urls_v13 RENAME TO channel_webhook_urls;
 """
 
+_V14: Final = """
+-- A queued redelivery's pk is never given again (AUTOINCREMENT), as v13 did for channel webhook
+-- URLs. Without it, a redelivery queued after the webhook was deleted (dropping the queue) and
+-- saved again could get the pk of one whose attempt was still in flight: that attempt's record
+-- then dropped the new redelivery unsent. The table is a queue: rebuilding it takes nothing.
+CREATE TABLE webhook_redeliveries_v14 (
+    pk            INTEGER PRIMARY KEY AUTOINCREMENT,
+    account_pk    INTEGER NOT NULL REFERENCES accounts(pk),
+    event_seq     INTEGER NOT NULL REFERENCES events(seq),
+    requested_at  INTEGER NOT NULL,
+    after_seq     INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO webhook_redeliveries_v14 (pk, account_pk, event_seq, requested_at, after_seq)
+    SELECT pk, account_pk, event_seq, requested_at, after_seq FROM webhook_redeliveries;
+DROP TABLE webhook_redeliveries;
+ALTER TABLE webhook_redeliveries_v14 RENAME TO webhook_redeliveries;
+CREATE INDEX webhook_redeliveries_account ON webhook_redeliveries(account_pk, pk);
+CREATE INDEX webhook_redeliveries_event ON webhook_redeliveries(event_seq);
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -673,4 +693,5 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V11,
     _V12,
     _V13,
+    _V14,
 )
