@@ -29,6 +29,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve
 
+from inboxd.api import framing
 from inboxd.api.app import AppState, create_app
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
@@ -129,6 +130,7 @@ async def run(
     app = create_app(store, config, clock)
     app_state: AppState = app.extensions["inboxd"]
     hc = hypercorn_config(config, bind or config.server.bind)
+    framing.install()  # hypercorn's own 400s get the CONTRACT's JSON body
     client = make_client(config.webhooks)
     channel_client = make_client(config.webhooks, max_connections=None)
     if offload_store:  # (not on MockClock tests: there every write stays on the trio thread)
