@@ -22,7 +22,7 @@ import trio
 from inboxd import __version__, logs, wire
 from inboxd.config import Config, ConfigError, parse_bind
 from inboxd.errors import InboxError, StoreError
-from inboxd.model import EMAIL, MAX_EMAIL, MAX_NAME
+from inboxd.model import MAX_EMAIL, MAX_NAME, email_address
 from inboxd.store import accounts
 from inboxd.store.db import Store, store_exists
 from inboxd.store.schema import MIGRATIONS
@@ -157,9 +157,11 @@ def _name(text: str) -> str:
 
 def _email(text: str) -> str:
     """An operator's email, checked as the invite endpoint checks it."""
-    email = text.strip()
-    if len(email) > MAX_EMAIL or not EMAIL.match(email):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an email address")
+    email = email_address(text)
+    if email is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an email address of at most {MAX_EMAIL} characters"
+        )
     return email
 
 

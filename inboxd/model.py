@@ -13,6 +13,17 @@ EMAIL: Final = re.compile(r"^[^@\s\x00-\x1f\x7f]+@[^@\s\x00-\x1f\x7f]+\.[^@\s\x0
 MAX_EMAIL: Final = 320
 MAX_NAME: Final = 200  # a member's or a channel's name, once trimmed
 
+
+def email_address(text: str) -> str | None:
+    """``text`` without the white space around it if it is an email address of at most
+    MAX_EMAIL characters (the spaces around it do not count, as for names), else None. The
+    team endpoints and the CLI both take emails through this."""
+    email = text.strip()
+    if len(email) > MAX_EMAIL or not EMAIL.match(email):
+        return None
+    return email
+
+
 OPEN: Final = "OPEN"
 CLOSED: Final = "CLOSED"
 SETTABLE_STATUSES: Final = (OPEN, CLOSED)

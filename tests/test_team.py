@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import trio
 
+from inboxd.model import MAX_EMAIL, email_address
 from inboxd.store.db import Store
 from tests.conftest import Seed, auth, ingest
 
@@ -112,6 +113,7 @@ async def test_revoking_an_invite(
 async def test_invite_validation_and_owner_only(owner: httpx.AsyncClient, seeded: Seed) -> None:
     bad = [
         ({"email": "nope", "channelIds": []}, 400),
+        ({"email": "a" * 309 + "@example.com", "channelIds": []}, 400),  # 321 characters
         ({"email": "a@example.com"}, 400),
         ({"email": "a@example.com", "channelIds": [1]}, 400),
         ({"email": "a@example.com", "channelIds": ["ch_missing"]}, 404),
@@ -247,3 +249,15 @@ async def test_a_removed_member_cannot_come_back_through_an_older_pending_invite
     assert sorted(statuses) == ["ACCEPTED", "REVOKED"]
     types = [e["type"] for e in user_events(store)]
     assert types[-2:] == ["inbox.user.invite_revoked", "inbox.user.removed"]
+
+
+def test_emails_are_checked_once_trimmed_by_the_api_and_the_cli_alike() -> None:
+    """One rule (model.email_address) for the invite endpoint and the CLI: the spaces around
+    an address do not count against its 320 characters (the API used to count them)."""
+    longest = "a" * 308 + "@example.com"
+    assert len(longest) == MAX_EMAIL
+    assert email_address(f"  {longest} \t") == longest
+    assert email_address(longest + "a") is None
+    assert email_address(" new@example.com ") == "new@example.com"
+    for bad in ("", "   ", "nope", "a@b", "a b@example.com", "a@@example.com", "a@exa\x00mple.com"):
+        assert email_address(bad) is None, bad

@@ -553,7 +553,10 @@ def team_operations() -> list[Entry]:
             "Invite a person by email",
             ok("Invite", "The invite; the email to the person carries the accept token.", 201),
             body=request_object(
-                {"email": string(maxLength=MAX_EMAIL), "channelIds": channel_ids},
+                {
+                    "email": string(f"At most {MAX_EMAIL} characters once trimmed."),
+                    "channelIds": channel_ids,
+                },
                 required=["email", "channelIds"],
             ),
             errors={404: ["not_found"], 409: ["already_member"]},

@@ -10,7 +10,7 @@ from inboxd import wire
 from inboxd.api.app import authenticate, now_us, principal, require_owner, state
 from inboxd.api.http import field, json_body, json_response, trimmed_field
 from inboxd.errors import InvalidRequest
-from inboxd.model import EMAIL, MAX_EMAIL, MAX_NAME
+from inboxd.model import MAX_EMAIL, MAX_NAME, email_address
 from inboxd.store import accounts, team
 from inboxd.timeutil import format_us
 
@@ -25,9 +25,9 @@ MANAGE_THE_TEAM: Final = "manage the team"  # (the store's own check says the sa
 
 
 def _email(body: dict[str, Any]) -> str:
-    email: str = field(body, "email", str, required=True, max_len=MAX_EMAIL).strip()
-    if not EMAIL.match(email):
-        raise InvalidRequest("email must be an email address")
+    email = email_address(field(body, "email", str, required=True))
+    if email is None:
+        raise InvalidRequest(f"email must be an email address of at most {MAX_EMAIL} characters")
     return email
 
 
