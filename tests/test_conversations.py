@@ -430,6 +430,19 @@ async def test_search_finds_accented_text_typed_composed_or_decomposed(
     # The stored text is kept as it came: only the query is normalised.
     history = (await owner.get(f"{LIST}/{decomposed}/messages")).json()["messages"]
     assert unicodedata.normalize("NFD", "crème brûlée") in history[0]["content"]
+    # Text in neither form (characters NFC replaces, some precomposed ones) is found by itself.
+    neither = {
+        "\u095b\u093f\u0902\u0926\u0917\u0940": "2003",  # Hindi, precomposed ZA U+095B
+        "\uf900\uf901\uf902": "2004",  # CJK compatibility ideographs
+        "Vi\u00ea\u0323t": "2005",  # Vietnamese: e-circumflex composed, dot below combining
+    }
+    for text, phone in neither.items():
+        assert unicodedata.normalize("NFC", text) != text
+        assert unicodedata.normalize("NFD", text) != text
+        cid = await conv(
+            owner, seeded.sales_id, phone, "2026-01-03T10:00:00Z", content=f"say {text} ok"
+        )
+        assert await found(text) == ([], [cid]), text
     # The minimum of three counts characters: "ée" typed decomposed is three code points.
     assert await found(unicodedata.normalize("NFD", "ée")) == ([], [])
 

@@ -320,17 +320,24 @@ def _phrase(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
-def _either_form(text: str) -> str:
-    """The query in both Unicode forms (``text`` is NFC): an "é" may be stored as one code
-    point (NFC, what most keyboards send) or as "e" and a combining accent (NFD, what some
-    systems send), and the trigram index compares code points. Text stored in either form is
-    found by a query typed in either; only text mixing the two forms inside the matched part
-    is not. The index holds the text as it came (messages are stored exactly as sent), so the
-    query carries the normalisation: nothing to rebuild, nothing added to a write."""
-    decomposed = unicodedata.normalize("NFD", text)
-    if decomposed == text:
-        return _phrase(text)
-    return f"({_phrase(text)} OR {_phrase(decomposed)})"
+def _any_form(typed: str) -> tuple[int, str]:
+    """The query as FTS5 phrases OR'd together: as typed, composed (NFC) and decomposed (NFD),
+    each once; and its length in characters (composed). An "é" may be stored as one code point
+    (what most keyboards send) or as "e" and a combining accent (what some systems send), and
+    the trigram index compares code points: text in either form is found by a query typed in
+    either. Only text mixing the two forms inside the matched part is not. The form as typed
+    stays: some text is in neither (characters NFC replaces, such as U+095B in Hindi, or CJK
+    compatibility ideographs) and must still find itself. The index holds the text as it came
+    (messages are stored exactly as sent), so the query carries the normalisation: nothing to
+    rebuild, nothing added to a write."""
+    composed = unicodedata.normalize("NFC", typed)
+    forms = [
+        form
+        for form in dict.fromkeys([typed, composed, unicodedata.normalize("NFD", typed)])
+        if len(form) >= MIN_QUERY_LEN  # (a shorter phrase would match nothing)
+    ]
+    phrases = " OR ".join(_phrase(form) for form in forms)
+    return len(composed), phrases if len(forms) == 1 else f"({phrases})"
 
 
 def search(
@@ -344,14 +351,15 @@ def search(
     stop reading once they have their page, never a scan of the channel's rows.
     """
     channel = visible_channel(conn, who, channel_id)
-    text = unicodedata.normalize("NFC", query.strip())
-    if len(text) < MIN_QUERY_LEN:
+    text = query.strip()
+    length, phrases = _any_form(text)
+    if length < MIN_QUERY_LEN:
         return SearchResult(
             contacts=load_json(conn, []),
             messages=load_json(conn, []),
         )
     in_channel = f"channel : {_phrase(channel_token(channel.pk))}"
-    contact_match = f"name : {_either_form(text)}"
+    contact_match = f"name : {phrases}"
     digits = re.sub(r"[^0-9]", "", text)
     if _PHONE_LIKE.match(text) and len(digits) >= MIN_QUERY_LEN:
         contact_match += f" OR phone_number : {_phrase(digits)}"
@@ -361,7 +369,7 @@ def search(
     message_pks = _first_distinct(
         conn,
         MESSAGE_MATCHES_SQL,
-        (f"content : {_either_form(text)} AND {in_channel}", channel.pk),
+        (f"content : {phrases} AND {in_channel}", channel.pk),
         limit,
         set(contact_pks),
     )
