@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import h11
 import httpx
 import orjson
 import pytest
@@ -422,9 +423,9 @@ async def test_a_body_that_never_comes_closes_the_connection_after_a_while(
     await stream.aclose()
 
 
-async def raw_exchange(base_url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send ``request`` as it is over a new connection; the status, headers and body of the
-    answer (read until the server closes)."""
+async def raw_bytes(base_url: str, request: bytes) -> bytes:
+    """Send ``request`` as it is over a new connection; what comes back until the server
+    closes it."""
     host, port = base_url.split("//")[1].rstrip("/").split(":")
     stream = await trio.open_tcp_stream(host, int(port))
     async with stream:
@@ -433,6 +434,12 @@ async def raw_exchange(base_url: str, request: bytes) -> tuple[int, dict[str, st
         with trio.fail_after(10):
             while chunk := await stream.receive_some(65536):
                 received += chunk
+    return received
+
+
+async def raw_exchange(base_url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """``raw_bytes``, for one answer: its status, headers and body."""
+    received = await raw_bytes(base_url, request)
     head, _, body = received.partition(b"\r\n\r\n")
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     headers = {}
@@ -478,3 +485,42 @@ async def test_malformed_http_gets_a_json_error_too(
     assert int(headers["content-length"]) == len(body)
     error = orjson.loads(body)["error"]
     assert error["code"] == code and error["message"]
+
+
+@pytest.mark.parametrize(
+    "broken", [b"Transfer-Encoding: gzip\r\n", b"Content-Length: ten\r\n", b"no colon\r\n"]
+)
+async def test_a_head_request_that_cannot_be_parsed_gets_no_body(
+    base_url: str, broken: bytes
+) -> None:
+    """RFC 9110 section 9.3.2: an answer to HEAD has no content, also when the rest of the
+    request could not be read (h11 then cannot say what it asked for). An h11 client that
+    sent HEAD reads the answer and then the end of the connection, nothing in between."""
+    request = b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n" + broken + b"\r\n"
+    wire = await raw_bytes(base_url, request)
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="HEAD", target="/healthz", headers=[("Host", "x")]))
+    client.send(h11.EndOfMessage())
+    client.receive_data(wire)
+    client.receive_data(b"")
+    answer = client.next_event()
+    assert isinstance(answer, h11.Response) and answer.status_code in (400, 501)
+    assert (b"content-type", b"application/json") in answer.headers
+    assert [type(client.next_event()) for _ in range(2)] == [h11.EndOfMessage, h11.ConnectionClosed]
+
+
+async def test_which_request_was_head_is_known_for_each_request_of_a_connection(
+    base_url: str,
+) -> None:
+    """Requests sent one after another without waiting (pipelined): the broken one after a
+    HEAD gets its JSON body, and a broken HEAD after a GET gets none."""
+    good_head = b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    good_get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    broken = b"Content-Length: ten\r\n\r\n"
+    after_head = await raw_bytes(base_url, good_head + b"GET /healthz HTTP/1.1\r\n" + broken)
+    assert after_head.startswith(b"HTTP/1.1 200 ") and after_head.count(b"HTTP/1.1 400 ") == 1
+    assert after_head.endswith(b'"}}') and b'"invalid_request"' in after_head
+    after_get = await raw_bytes(base_url, good_get + b"HEAD /healthz HTTP/1.1\r\n" + broken)
+    first, second = after_get.split(b"HTTP/1.1 400 ")
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert second.endswith(b"\r\n\r\n") and b"content-length: 0\r\n" in second

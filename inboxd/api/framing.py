@@ -8,9 +8,15 @@ says every error response is JSON, so ``install`` gives that answer the usual er
 limit, 501 for a Transfer-Encoding other than chunked) a code made from the status's phrase.
 hypercorn passes on only the status, not h11's reason, so the message names the kind of fault.
 
+A HEAD request gets the same status and headers with no body (RFC 9110 section 9.3.2). h11
+cannot say what a request it failed to parse asked for, so the protocol notes whether each
+request's first bytes are ``HEAD``: as they arrive (``handle``), or, when they came with the
+request before (pipelined), once that one's exchange is done (``_maybe_recycle``).
+
 hypercorn has no setting for this: ``install`` replaces ``H11Protocol._send_error_response``
-(hypercorn 0.18). Should a later hypercorn drop that method, ``install`` logs that these bodies
-stay empty rather than failing the daemon, and tests/test_api_errors.py fails.
+and wraps ``handle`` and ``_maybe_recycle`` (hypercorn 0.18). Should a later hypercorn drop
+any of them, ``install`` logs that these bodies stay empty rather than failing the daemon, and
+tests/test_api_errors.py fails.
 """
 
 from __future__ import annotations
@@ -49,18 +55,38 @@ def error_body(status: int) -> bytes:
 def install() -> bool:
     """Make hypercorn's own error answers JSON (once per process); whether it could."""
     try:
+        from hypercorn.events import RawData
         from hypercorn.protocol.h11 import H11Protocol
     except ImportError:  # pragma: no cover (hypercorn is a dependency)
         return False
     original = getattr(H11Protocol, "_send_error_response", None)
-    if original is None:
+    handle = getattr(H11Protocol, "handle", None)
+    recycle = getattr(H11Protocol, "_maybe_recycle", None)
+    if original is None or handle is None or recycle is None:
         log.warning("hypercorn's malformed-request answers keep their empty bodies here")
         return False
     if getattr(original, _INSTALLED, False):
         return True
 
+    async def noting_head(self: Any, event: Any) -> None:
+        # A new request's first bytes arrive (nothing of the one before is left unread).
+        if (
+            isinstance(event, RawData)
+            and self.connection.their_state is h11.IDLE
+            and not self.connection.trailing_data[0]
+        ):
+            self._inboxd_head = event.data[:5] == b"HEAD "
+        await handle(self, event)
+
+    async def noting_next_head(self: Any) -> None:
+        # The exchange is over and the next begins: its first bytes, if they came already,
+        # are h11's unread data. (Before the original: it lets the reading task run on.)
+        if self.connection.their_state is h11.DONE:
+            self._inboxd_head = self.connection.trailing_data[0][:5] == b"HEAD "
+        await recycle(self)
+
     async def send_json_error(self: Any, status_code: int) -> None:
-        body = error_body(status_code)
+        body = b"" if getattr(self, "_inboxd_head", False) else error_body(status_code)
         await self._send_h11_event(
             h11.Response(
                 status_code=status_code,
@@ -76,9 +102,12 @@ def install() -> bool:
                 ),
             )
         )
-        await self._send_h11_event(h11.Data(data=body))
+        if body:
+            await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
     setattr(send_json_error, _INSTALLED, True)
+    H11Protocol.handle = noting_head  # type: ignore[method-assign]
+    H11Protocol._maybe_recycle = noting_next_head  # type: ignore[method-assign]
     H11Protocol._send_error_response = send_json_error  # type: ignore[method-assign]
     return True
