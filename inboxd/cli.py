@@ -298,8 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=fn)
 
     p = with_data(sub.add_parser("init", help="create the store and print the owner's API key"))
-    p.add_argument("--owner-email", default="owner@localhost")
-    p.add_argument("--owner-name", default="Owner")
+    p.add_argument("--owner-email", type=_email, default="owner@localhost")
+    p.add_argument("--owner-name", type=_name, default="Owner")
     handler(p, cmd_init)
 
     p = with_data(sub.add_parser("serve", help="run the daemon in the foreground"))

@@ -7,9 +7,10 @@ from typing import Final
 
 import attrs
 
-# An email address as the team endpoints and the CLI take it: something@domain.tld, without
-# white space or control characters.
-EMAIL: Final = re.compile(r"^[^@\s\x00-\x1f\x7f]+@[^@\s\x00-\x1f\x7f]+\.[^@\s\x00-\x1f\x7f]+$")
+# An email address as the invite endpoint and the CLI take it: something@domain, one "@", no
+# white space or control characters. The domain may be a single label: a self-hosted daemon
+# mails through a local server, and its own default owner is owner@localhost.
+EMAIL: Final = re.compile(r"^[^@\s\x00-\x1f\x7f]+@[^@\s\x00-\x1f\x7f]+$")
 MAX_EMAIL: Final = 320
 MAX_NAME: Final = 200  # a member's or a channel's name, once trimmed
 
@@ -17,7 +18,8 @@ MAX_NAME: Final = 200  # a member's or a channel's name, once trimmed
 def email_address(text: str) -> str | None:
     """``text`` without the white space around it if it is an email address of at most
     MAX_EMAIL characters (the spaces around it do not count, as for names), else None. The
-    team endpoints and the CLI both take emails through this."""
+    invite endpoint and the CLI (``init --owner-email``, ``user add --email``) both take emails
+    through this."""
     email = text.strip()
     if len(email) > MAX_EMAIL or not EMAIL.match(email):
         return None

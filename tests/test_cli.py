@@ -60,6 +60,8 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
         ["user", "add", "--data", str(tmp_path), "--email", "", "--name", "A"],
         ["user", "add", "--data", str(tmp_path), "--email", "not-an-email", "--name", "A"],
         ["user", "add", "--data", str(tmp_path), "--email", "a@example.com", "--name", ""],
+        ["init", "--data", str(tmp_path), "--owner-email", "  not an email  "],
+        ["init", "--data", str(tmp_path), "--owner-email", "a@example.com", "--owner-name", " "],
     ]
     for args in (
         ["frobnicate"],

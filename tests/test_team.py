@@ -259,5 +259,15 @@ def test_emails_are_checked_once_trimmed_by_the_api_and_the_cli_alike() -> None:
     assert email_address(f"  {longest} \t") == longest
     assert email_address(longest + "a") is None
     assert email_address(" new@example.com ") == "new@example.com"
-    for bad in ("", "   ", "nope", "a@b", "a b@example.com", "a@@example.com", "a@exa\x00mple.com"):
+    assert email_address("owner@localhost") == "owner@localhost"  # init's default
+    for bad in (
+        "",
+        "   ",
+        "nope",
+        "a@",
+        "@b",
+        "a b@example.com",
+        "a@@example.com",
+        "a@exa\x00mple.com",
+    ):
         assert email_address(bad) is None, bad
