@@ -539,7 +539,12 @@ def run(args: argparse.Namespace) -> int:
             """Alternate the ceiling and the endpoint in short slices; sum them up. First the
             store is read through, so that each row starts from a warm page cache: on a
             machine that pages out what was not touched for a while (BENCHMARKS.md, The
-            machine), a row otherwise pays for the rows before it having moved elsewhere."""
+            machine), a row otherwise pays for the rows before it having moved elsewhere.
+            Then one slice of the row's own load, not recorded (as ``bench ab`` does): the
+            first write row's first slice made 47-74 % of the ceiling in five full runs of
+            the twelfth to fourteenth sessions against 61-82 % for its later ones
+            (bench/HISTORY.md, fourteenth session), the writer child having sat idle through
+            every read row before it."""
             if args.read_through:
                 store_files = [db_path(data), Path(f"{db_path(data)}-wal")]
                 read_seconds[name] = round(timed(read_through, store_files), 2)
@@ -553,6 +558,9 @@ def run(args: argparse.Namespace) -> int:
                 )
                 size = len(first.content)
                 sizes[name] = size
+            if reset:
+                reset_for_writes(data, reset)
+            load(base, paths, ids["key"], script, each)  # warm-up, not recorded
             for _ in range(slices):
                 theirs.append(load(ceiling_url, None, None, None, each))
                 if size > 2048:
