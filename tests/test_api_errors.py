@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import h11
 import httpx
 import orjson
@@ -437,6 +439,22 @@ async def raw_bytes(base_url: str, request: bytes) -> bytes:
     return received
 
 
+async def raw_bytes_in_pieces(base_url: str, pieces: list[bytes]) -> bytes:
+    """``raw_bytes``, the request sent in ``pieces`` that arrive apart (no Nagle, a pause)."""
+    host, port = base_url.split("//")[1].rstrip("/").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async with stream:
+        for piece in pieces:
+            await stream.send_all(piece)
+            await trio.sleep(0.1)
+        received = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+    return received
+
+
 async def raw_exchange(base_url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
     """``raw_bytes``, for one answer: its status, headers and body."""
     received = await raw_bytes(base_url, request)
@@ -524,3 +542,19 @@ async def test_which_request_was_head_is_known_for_each_request_of_a_connection(
     first, second = after_get.split(b"HTTP/1.1 400 ")
     assert first.startswith(b"HTTP/1.1 200 ")
     assert second.endswith(b"\r\n\r\n") and b"content-length: 0\r\n" in second
+
+
+async def test_a_head_request_line_that_arrives_in_pieces_is_still_known(base_url: str) -> None:
+    broken_head = b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n"
+    for cut in (1, 2, 4):
+        wire = await raw_bytes_in_pieces(base_url, [broken_head[:cut], broken_head[cut:]])
+        assert wire.startswith(b"HTTP/1.1 400 ") and wire.endswith(b"\r\n\r\n"), (cut, wire)
+        assert b"content-length: 0\r\n" in wire
+    # After a GET on the same connection, and a GET broken the same way keeps its body.
+    good_get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    wire = await raw_bytes_in_pieces(base_url, [good_get + b"HE", broken_head[2:]])
+    first, second = wire.split(b"HTTP/1.1 400 ")
+    assert first.startswith(b"HTTP/1.1 200 ") and second.endswith(b"\r\n\r\n")
+    broken_get = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n"
+    wire = await raw_bytes_in_pieces(base_url, [broken_get[:1], broken_get[1:]])
+    assert wire.endswith(b'"}}') and b'"invalid_request"' in wire

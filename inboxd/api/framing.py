@@ -10,8 +10,9 @@ hypercorn passes on only the status, not h11's reason, so the message names the 
 
 A HEAD request gets the same status and headers with no body (RFC 9110 section 9.3.2). h11
 cannot say what a request it failed to parse asked for, so the protocol notes whether each
-request's first bytes are ``HEAD``: as they arrive (``handle``), or, when they came with the
-request before (pipelined), once that one's exchange is done (``_maybe_recycle``).
+request's first bytes are ``HEAD``: as they arrive (``handle``, with whatever part of the
+request line came before), or, when they came with the request before (pipelined), once that
+one's exchange is done (``_maybe_recycle``).
 
 hypercorn has no setting for this: ``install`` replaces ``H11Protocol._send_error_response``
 and wraps ``handle`` and ``_maybe_recycle`` (hypercorn 0.18). Should a later hypercorn drop
@@ -69,13 +70,11 @@ def install() -> bool:
         return True
 
     async def noting_head(self: Any, event: Any) -> None:
-        # A new request's first bytes arrive (nothing of the one before is left unread).
-        if (
-            isinstance(event, RawData)
-            and self.connection.their_state is h11.IDLE
-            and not self.connection.trailing_data[0]
-        ):
-            self._inboxd_head = event.data[:5] == b"HEAD "
+        # Bytes of a request not yet parsed arrive: h11 keeps its head unread until it is
+        # whole, so its start is the unread data's (the request line may come in pieces).
+        if isinstance(event, RawData) and self.connection.their_state is h11.IDLE:
+            start = self.connection.trailing_data[0][:5]
+            self._inboxd_head = (start + event.data[: 5 - len(start)]) == b"HEAD "
         await handle(self, event)
 
     async def noting_next_head(self: Any) -> None:

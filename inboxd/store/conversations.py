@@ -336,6 +336,8 @@ def _any_form(typed: str) -> tuple[int, str]:
         for form in dict.fromkeys([typed, composed, unicodedata.normalize("NFD", typed)])
         if len(form) >= MIN_QUERY_LEN  # (a shorter phrase would match nothing)
     ]
+    if not forms:  # (under the minimum: the caller answers empty lists)
+        return len(composed), ""
     phrases = " OR ".join(_phrase(form) for form in forms)
     return len(composed), phrases if len(forms) == 1 else f"({phrases})"
 
@@ -353,7 +355,7 @@ def search(
     channel = visible_channel(conn, who, channel_id)
     text = query.strip()
     length, phrases = _any_form(text)
-    if length < MIN_QUERY_LEN:
+    if length < MIN_QUERY_LEN or not phrases:
         return SearchResult(
             contacts=load_json(conn, []),
             messages=load_json(conn, []),
