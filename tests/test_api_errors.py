@@ -558,3 +558,29 @@ async def test_a_head_request_line_that_arrives_in_pieces_is_still_known(base_ur
     broken_get = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n"
     wire = await raw_bytes_in_pieces(base_url, [broken_get[:1], broken_get[1:]])
     assert wire.endswith(b'"}}') and b'"invalid_request"' in wire
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.0\r\n\r\n",
+        b"GET /api/v1/inbox/conversations HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ],
+)
+async def test_a_connection_the_client_asked_to_close_is_closed_after_the_answer(
+    base_url: str, request_bytes: bytes
+) -> None:
+    """The answer to a request with "Connection: close" (or HTTP/1.0) is followed by the end
+    of the connection. quart-trio used to cancel hypercorn's close half-way, so the socket
+    stayed open until the client closed it or read_timeout (60 s) passed."""
+    host, port = base_url.split("//")[1].rstrip("/").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(request_bytes)
+        received = b""
+        with trio.fail_after(5):  # the read timeout is 60 s; a close takes milliseconds
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+    assert received.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 401 "))
+    assert received.endswith(b"}")  # the whole answer came before the end

@@ -1,4 +1,4 @@
-"""A JSON body on the answers hypercorn gives to HTTP it cannot parse.
+"""A JSON body on the answers hypercorn gives to HTTP it cannot parse; closes that finish.
 
 A request whose framing is broken (a Content-Length that is not a number, a header line without
 a colon, headers past ``h11_max_incomplete_size``) never reaches the app: hypercorn's HTTP/1.1
@@ -18,6 +18,13 @@ hypercorn has no setting for this: ``install`` replaces ``H11Protocol._send_erro
 and wraps ``handle`` and ``_maybe_recycle`` (hypercorn 0.18). Should a later hypercorn drop
 any of them, ``install`` logs that these bodies stay empty rather than failing the daemon, and
 tests/test_api_errors.py fails.
+
+``install`` also shields hypercorn's closing of a connection (``TCPServer._close``). A request
+with ``Connection: close`` (or HTTP/1.0) is answered, and hypercorn then closes the socket from
+within the app's last ``send``; quart-trio meanwhile sees the request end and cancels that
+send's task, so the close stopped half-way and the socket stayed open until the client closed
+it or ``read_timeout`` (60 s) passed. The close (a shutdown and a close, or a TLS goodbye) now
+finishes, within ``CLOSE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -29,10 +36,12 @@ from typing import Any
 
 import h11
 import orjson
+import trio
 
 log = logging.getLogger("inboxd.api")
 
 _INSTALLED = "_inboxd_json_errors"
+CLOSE_SECONDS = 5.0  # at most, for a close that has to wait (a TLS goodbye to a stalled peer)
 
 
 _MESSAGES = {
@@ -58,12 +67,14 @@ def install() -> bool:
     try:
         from hypercorn.events import RawData
         from hypercorn.protocol.h11 import H11Protocol
+        from hypercorn.trio.tcp_server import TCPServer
     except ImportError:  # pragma: no cover (hypercorn is a dependency)
         return False
     original = getattr(H11Protocol, "_send_error_response", None)
     handle = getattr(H11Protocol, "handle", None)
     recycle = getattr(H11Protocol, "_maybe_recycle", None)
-    if original is None or handle is None or recycle is None:
+    close = getattr(TCPServer, "_close", None)
+    if original is None or handle is None or recycle is None or close is None:
         log.warning("hypercorn's malformed-request answers keep their empty bodies here")
         return False
     if getattr(original, _INSTALLED, False):
@@ -105,7 +116,12 @@ def install() -> bool:
             await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
+    async def close_whole(self: Any) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_SECONDS):
+            await close(self)
+
     setattr(send_json_error, _INSTALLED, True)
+    TCPServer._close = close_whole  # type: ignore[method-assign]
     H11Protocol.handle = noting_head  # type: ignore[method-assign]
     H11Protocol._maybe_recycle = noting_next_head  # type: ignore[method-assign]
     H11Protocol._send_error_response = send_json_error  # type: ignore[method-assign]
