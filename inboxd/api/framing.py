@@ -16,7 +16,7 @@ one's exchange is done (``_maybe_recycle``).
 
 hypercorn has no setting for this: ``install`` replaces ``H11Protocol._send_error_response``
 and wraps ``handle`` and ``_maybe_recycle`` (hypercorn 0.18). Should a later hypercorn drop
-any of them, ``install`` logs that these bodies stay empty rather than failing the daemon, and
+any of them, ``install`` logs so and changes nothing rather than failing the daemon, and
 tests/test_api_errors.py fails.
 
 ``install`` also shields hypercorn's closing of a connection (``TCPServer._close``). A request
@@ -63,7 +63,8 @@ def error_body(status: int) -> bytes:
 
 
 def install() -> bool:
-    """Make hypercorn's own error answers JSON (once per process); whether it could."""
+    """Make hypercorn's own error answers JSON and its closes finish (once per process);
+    whether it could."""
     try:
         from hypercorn.events import RawData
         from hypercorn.protocol.h11 import H11Protocol
@@ -75,7 +76,10 @@ def install() -> bool:
     recycle = getattr(H11Protocol, "_maybe_recycle", None)
     close = getattr(TCPServer, "_close", None)
     if original is None or handle is None or recycle is None or close is None:
-        log.warning("hypercorn's malformed-request answers keep their empty bodies here")
+        log.warning(
+            "this hypercorn is not the one framing.py knows: its answers to malformed requests"
+            " keep their empty bodies, and a close a request asked for may wait for the client"
+        )
         return False
     if getattr(original, _INSTALLED, False):
         return True
