@@ -62,9 +62,13 @@ async def test_invite_mail_accept_and_events(
     for name in ("   ", " " + "N" * 201 + " "):  # 1 to 200 characters once trimmed
         refused = await anon.post(f"{TEAM}/invites/accept", json={"token": token, "name": name})
         assert refused.status_code == 400, name
-    accepted = await anon.post(f"{TEAM}/invites/accept", json={"token": token, "name": "Neo"})
+    # The spaces around a name do not count against its 200 characters.
+    padded = " " + "N" * 200 + " "
+    accepted = await anon.post(f"{TEAM}/invites/accept", json={"token": token, "name": padded})
     assert accepted.status_code == 201, accepted.text
     member = accepted.json()
+    listed = (await owner.get(f"{TEAM}/members")).json()
+    assert [m["name"] for m in listed if m["userId"] == member["userId"]] == ["N" * 200]
     assert set(member) == {"memberId", "userId", "apiKey"}
     # The new operator works with their key and sees only the invited channel.
     channels = await anon.get("/api/v1/inbox/channels", headers=auth(member["apiKey"]))
@@ -249,6 +253,18 @@ async def test_a_removed_member_cannot_come_back_through_an_older_pending_invite
     assert sorted(statuses) == ["ACCEPTED", "REVOKED"]
     types = [e["type"] for e in user_events(store)]
     assert types[-2:] == ["inbox.user.invite_revoked", "inbox.user.removed"]
+
+
+async def test_the_invite_endpoint_takes_emails_by_the_shared_rule(
+    owner: httpx.AsyncClient,
+) -> None:
+    """The endpoint goes through model.email_address: 320 characters once trimmed, and a
+    domain of one label, are taken (it used to count the spaces and to want a dot)."""
+    longest = "b" * 308 + "@example.com"
+    for email, stored in ((f"  {longest} ", longest), ("ops@intranet", "ops@intranet")):
+        created = await owner.post(f"{TEAM}/invites", json={"email": email, "channelIds": []})
+        assert created.status_code == 201, created.text
+        assert created.json()["email"] == stored
 
 
 def test_emails_are_checked_once_trimmed_by_the_api_and_the_cli_alike() -> None:
