@@ -261,8 +261,8 @@ async def test_the_invite_endpoint_takes_emails_by_the_shared_rule(
     """The endpoint goes through model.email_address: 320 characters once trimmed, and a
     domain of one label, are taken (it used to count the spaces and to want a dot)."""
     longest = "b" * 308 + "@example.com"
-    for email, stored in ((f"  {longest} ", longest), ("ops@intranet", "ops@intranet")):
-        created = await owner.post(f"{TEAM}/invites", json={"email": email, "channelIds": []})
+    for sent, stored in ((f"  {longest} ", longest), ("ops@intranet", "ops@intranet")):
+        created = await owner.post(f"{TEAM}/invites", json={"email": sent, "channelIds": []})
         assert created.status_code == 201, created.text
         assert created.json()["email"] == stored
 
