@@ -10,9 +10,10 @@ hypercorn passes on only the status, not h11's reason, so the message names the 
 
 A HEAD request gets the same status and headers with no body (RFC 9110 section 9.3.2). h11
 cannot say what a request it failed to parse asked for, so the protocol notes whether each
-request's first bytes are ``HEAD``: as they arrive (``handle``, with whatever part of the
-request line came before), or, when they came with the request before (pipelined), once that
-one's exchange is done (``_maybe_recycle``).
+request's first five bytes are ``HEAD ``: as they arrive (``handle``; the request line may
+come in pieces), or, when they came with the request before (pipelined), once that one's
+exchange is done (``_maybe_recycle``). Per request that is a slice or two, no copy of h11's
+buffer.
 
 hypercorn has no setting for this: ``install`` replaces ``H11Protocol._send_error_response``
 and wraps ``handle`` and ``_maybe_recycle`` (hypercorn 0.18). Should a later hypercorn drop
@@ -85,22 +86,25 @@ def install() -> bool:
         return True
 
     async def noting_head(self: Any, event: Any) -> None:
-        # Bytes of a request not yet parsed arrive: h11 keeps its head unread until it is
-        # whole, so its start is the unread data's (the request line may come in pieces).
+        # Bytes of a request not yet parsed arrive: keep its first five (the request line may
+        # come in pieces); once there are five, nothing more to do for this request.
         if isinstance(event, RawData) and self.connection.their_state is h11.IDLE:
-            start = self.connection.trailing_data[0][:5]
-            self._inboxd_head = (start + event.data[: 5 - len(start)]) == b"HEAD "
+            start = getattr(self, "_inboxd_start", b"")
+            if len(start) < 5:
+                self._inboxd_start = start + event.data[: 5 - len(start)]
         await handle(self, event)
 
     async def noting_next_head(self: Any) -> None:
         # The exchange is over and the next begins: its first bytes, if they came already,
-        # are h11's unread data. (Before the original: it lets the reading task run on.)
+        # are h11's unread data (usually none). (Before the original: it lets the reading
+        # task run on.)
         if self.connection.their_state is h11.DONE:
-            self._inboxd_head = self.connection.trailing_data[0][:5] == b"HEAD "
+            self._inboxd_start = self.connection.trailing_data[0][:5]
         await recycle(self)
 
     async def send_json_error(self: Any, status_code: int) -> None:
-        body = b"" if getattr(self, "_inboxd_head", False) else error_body(status_code)
+        head = getattr(self, "_inboxd_start", b"") == b"HEAD "
+        body = b"" if head else error_body(status_code)
         await self._send_h11_event(
             h11.Response(
                 status_code=status_code,
