@@ -399,6 +399,24 @@ async def test_search_under_three_characters_is_empty(
     assert result.json() == {"contacts": [], "messages": []}
 
 
+async def test_search_query_length_is_counted_once_trimmed(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    """README: the query is trimmed before its length is checked (at most 256 characters)."""
+    long_word = "a" * 256
+    await conv(owner, seeded.sales_id, "1001", "2026-01-01T10:00:00Z", content=long_word)
+    padded = await owner.get(
+        SEARCH, params={"channelId": seeded.sales_id, "query": f"  {long_word}  "}
+    )
+    assert padded.status_code == 200, padded.text
+    assert len(padded.json()["messages"]) == 1
+    too_long = await owner.get(
+        SEARCH, params={"channelId": seeded.sales_id, "query": f" {long_word}a "}
+    )
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["code"] == "invalid_request"
+
+
 async def test_search_finds_accented_text_typed_composed_or_decomposed(
     owner: httpx.AsyncClient, seeded: Seed
 ) -> None:

@@ -73,7 +73,8 @@ MAX_QUERY: Final = 256
 
 @blueprint.get("/conversations/search")
 async def search_conversations() -> Response:
-    query = arg_str("query", required=True) or ""
+    # Trimmed first: the spaces around the query do not count against its length (README).
+    query = (arg_str("query", required=True) or "").strip()
     if "\x00" in query or len(query) > MAX_QUERY:
         raise InvalidRequest(f"query must be text of at most {MAX_QUERY} characters")
     channel_id = arg_str("channelId", required=True) or ""

@@ -309,8 +309,10 @@ def conversation_operations() -> list[Entry]:
             parameters=[
                 query(
                     "query",
-                    string(maxLength=inbox.MAX_QUERY),
-                    "A case-insensitive substring, trimmed; no NUL characters. Accented"
+                    string(),
+                    f"A case-insensitive substring, trimmed, then at most {inbox.MAX_QUERY}"
+                    " characters (the spaces around it do not count, so no maxLength here);"
+                    " no NUL characters. Accented"
                     " letters match composed or decomposed (NFC or NFD), in the text or in"
                     " the query.",
                     required=True,
