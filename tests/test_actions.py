@@ -113,7 +113,8 @@ async def test_assignee_who_cannot_open_the_channel_is_422(
     owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
     msg = await ingest(owner, seeded.support_id, "15550002", content="hi")
-    for user_id in (seeded.bob_id, "usr_unknown"):
+    # An unknown id is 422 at any length (not a 400 for a long one: it is a string, as asked).
+    for user_id in (seeded.bob_id, "usr_unknown", "u" * 1000):
         response = await owner.patch(
             f"{CONV}/{msg['conversationId']}/assignee", json={"userId": user_id}
         )

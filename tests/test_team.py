@@ -223,6 +223,11 @@ async def test_keys_over_the_api(owner: httpx.AsyncClient, seeded: Seed) -> None
         await owner.get("/api/v1/inbox/channels", headers=auth(for_bob.json()["apiKey"]))
     ).json()
     assert [c["id"] for c in bobs] == [seeded.sales_id]
+    # A user id nobody has is 404 at any length (it is a string, as asked: not a 400).
+    for unknown in ("usr_nobody", "u" * 1000):
+        missing = await owner.post(KEYS, json={"userId": unknown})
+        assert missing.status_code == 404, missing.text
+        assert missing.json()["error"]["code"] == "not_found"
     revoked = await owner.delete(f"{KEYS}/{new['keyId']}", headers=ann)
     assert revoked.status_code == 200
     assert (await owner.get(KEYS, headers=auth(new["apiKey"]))).status_code == 401

@@ -140,7 +140,8 @@ async def patch_assignee(conversation_id: str) -> Response:
     body = await json_body()
     if "userId" not in body:
         raise InvalidRequest("userId is required (a user id, or null to unassign)")
-    user_id = field(body, "userId", str, nullable=True, max_len=256)
+    # No length rule: an id no user has (whatever its length) is 422 assignee_not_allowed.
+    user_id = field(body, "userId", str, nullable=True)
     return encoded_json(
         await state().store.write(
             actions.ASSIGN_ANSWERED, principal(), conversation_id, user_id, now_us()
