@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from inboxd.timeutil import format_us, parse_iso
+from inboxd.timeutil import MAX_US, MIN_US, format_us, parse_iso
 
 _TIE_DIGITS: Final = 13
 # A tie-breaker bound that lets every row of the cursor's microsecond through.
@@ -33,9 +33,15 @@ def encode(at_us: int, pk: int) -> str:
 def decode(text: str) -> tuple[int, int]:
     """A cursor as the exclusive bound (instant_us, pk): rows with (at, pk) < bound come next.
 
-    Raises timeutil.BadTimestamp for text that is not a date-time with an offset.
+    Raises timeutil.BadTimestamp for text that is not a date-time with an offset. An instant
+    before the epoch is older than every row (an empty page follows); one past the end of year
+    9999 is newer than every row (the first page).
     """
-    us, extra = parse_iso(text)
+    us, extra = parse_iso(text, bounded=False)
+    if us < MIN_US:
+        return MIN_US, 0
+    if us > MAX_US:
+        return MAX_US, _ALL_OF_INSTANT
     if len(extra) == _TIE_DIGITS:
         return us, int(extra)
     if extra.strip("0"):

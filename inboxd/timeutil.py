@@ -17,12 +17,16 @@ _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US: Final = dt.timedelta(microseconds=1)
 
 # Any ISO 8601 date-time with an explicit offset (CONTRACT section 2), extended or basic
-# (2026-11-22T01:16:19Z, 20261122T011619Z): "T" or a space, seconds optional, a fraction after
-# "." or ",", and "Z", +hh, +hhmm or +hh:mm. Python's fromisoformat truncates fractions past six
-# digits, so the fraction is split off here and read digit by digit (see cursors.py for why).
+# (2026-11-22T01:16:19Z, 20261122T011619Z): a calendar, week (2026-W47-7, 2026W477) or ordinal
+# (2026-326, 2026326) date; "T" or a space; hours, hours and minutes, or all three; a decimal
+# fraction of the last of them after "." or ","; and "Z", +hh, +hhmm or +hh:mm. Python's
+# fromisoformat truncates fractions past six digits, so the fraction is split off here and read
+# digit by digit (see cursors.py for why).
 ISO_DATE_TIME: Final = (
-    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2}|[0-9]{8})[Tt ]"
-    r"(?P<hms>[0-9]{2}:[0-9]{2}(?::[0-9]{2})?|[0-9]{4}(?:[0-9]{2})?)"
+    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2}|[0-9]{8}"
+    r"|[0-9]{4}-W[0-9]{2}-[0-9]|[0-9]{4}W[0-9]{3}"
+    r"|[0-9]{4}-[0-9]{3}|[0-9]{7})[Tt ]"
+    r"(?P<hms>[0-9]{2}(?::[0-9]{2}(?::[0-9]{2})?|[0-9]{2}(?:[0-9]{2})?)?)"
     r"(?:[.,](?P<frac>[0-9]{1,30}))?(?P<tz>[Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)$"
 )
 _ISO_RE: Final = re.compile(ISO_DATE_TIME)
@@ -65,11 +69,42 @@ class BadTimestamp(ValueError):
     """Raised for a string that is not an ISO 8601 date-time with an offset."""
 
 
-def parse_iso(text: str) -> tuple[int, str]:
+class OutOfRange(BadTimestamp):
+    """Raised for a date-time before 1970-01-01 or after 9999-12-31 UTC: the store keeps
+    instants as microseconds from the epoch, and the wire writes years with four digits."""
+
+
+def _date(text: str) -> dt.date:
+    """The date part of ``ISO_DATE_TIME``: calendar, week or ordinal, extended or basic."""
+    year = int(text[:4])
+    rest = text[4:].lstrip("-")
+    if rest.startswith("W"):  # week date: Www-D or WwwD
+        week, weekday = rest[1:].replace("-", "")[:2], rest[-1]
+        return dt.date.fromisocalendar(year, int(week), int(weekday))
+    if len(rest) == 3:  # ordinal date: the day of the year
+        day_of_year = int(rest)
+        if day_of_year < 1:
+            raise ValueError("day of the year 0")
+        date = dt.date(year, 1, 1) + dt.timedelta(days=day_of_year - 1)
+        if date.year != year:
+            raise ValueError(f"{year} has no day {day_of_year}")
+        return date
+    digits = rest.replace("-", "")
+    return dt.date(year, int(digits[:2]), int(digits[2:]))
+
+
+# Microseconds in the unit that a fraction on hours, minutes or seconds is a fraction of.
+_FRACTION_OF: Final = {2: 3_600_000_000, 4: 60_000_000, 6: 1_000_000}
+
+
+def parse_iso(text: str, *, bounded: bool = True) -> tuple[int, str]:
     """Parse an ISO 8601 date-time with an offset.
 
-    Returns the instant in whole microseconds (truncated) and the fraction's digits past the sixth,
-    which only cursors use. Raises BadTimestamp for anything else, naive times included.
+    Returns the instant in whole microseconds (truncated) and what the fraction holds below the
+    microsecond: for a fraction of seconds, its digits past the sixth, which only cursors use;
+    for a fraction of hours or minutes, "1" when it does not come out in whole microseconds.
+    Raises BadTimestamp for anything else, naive times included, and, when ``bounded``, for
+    instants outside what the store and the wire hold (1970-01-01 to 9999-12-31 UTC).
     """
     m = _ISO_RE.fullmatch(text)
     if m is None:
@@ -82,20 +117,28 @@ def parse_iso(text: str) -> tuple[int, str]:
         tz += ":00"
     elif ":" not in tz:
         tz = tz[:3] + ":" + tz[3:]
-    day = m["date"].replace("-", "")
-    clock = m["hms"].replace(":", "").ljust(6, "0")  # no seconds: :00
+    clock = m["hms"].replace(":", "")
     try:
+        day = _date(m["date"])
         base = dt.datetime.fromisoformat(
-            f"{day[:4]}-{day[4:6]}-{day[6:]}T{clock[:2]}:{clock[2:4]}:{clock[4:]}{tz}"
+            f"{day.isoformat()}T{clock[:2]}:{clock[2:4] or '00'}:{clock[4:] or '00'}{tz}"
         )
     except ValueError as exc:
         raise BadTimestamp(f"{text!r} is not a valid date-time") from exc
-    micros = int((frac + "000000")[:6])
+    extra = ""
+    if len(clock) == 6:  # a fraction of seconds: the first six digits are microseconds
+        micros = int((frac + "000000")[:6])
+        extra = frac[6:]
+    elif frac:  # of hours or minutes: exact in integers, truncated to the microsecond
+        micros, below = divmod(int(frac) * _FRACTION_OF[len(clock)], 10 ** len(frac))
+        extra = "1" if below else ""
+    else:
+        micros = 0
     delta = base - _EPOCH
     us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + micros
-    if not MIN_US <= us <= MAX_US:
-        raise BadTimestamp(f"{text!r} is outside 1970-01-01 to 9999-12-31 UTC")
-    return us, frac[6:]
+    if bounded and not MIN_US <= us <= MAX_US:
+        raise OutOfRange(f"{text!r} is outside 1970-01-01 to 9999-12-31 UTC")
+    return us, extra
 
 
 def parse_instant(text: str) -> int:

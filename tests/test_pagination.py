@@ -218,3 +218,50 @@ async def test_http_history_walk_over_equal_timestamps(
     assert len(seen) == len(set(seen)) == 121
     # Equal times come newest-arrival first, the same order as they were stored, reversed.
     assert seen[1:] == list(reversed(ids))
+
+
+async def test_http_cursors_in_any_iso_form_and_beyond_the_stored_range(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    """A cursor a client writes is any ISO 8601 date-time with an offset (CONTRACT section 2):
+    week and ordinal dates too; one before 1970 is older than every row (an empty page), one
+    past 9999 newer than every row (the first page); neither is a 400."""
+    for i, day in enumerate(("2026-01-05", "2026-01-07")):
+        await ingest(owner, seeded.sales_id, f"4000{i}", sentAt=f"{day}T00:00:00Z", content="m")
+    conversations = "/api/v1/inbox/conversations"
+    # 2026-W02-2 and 2026-006 are 2026-01-06: only the older conversation lies before it.
+    for cursor in ("2026-W02-2T00:00:00Z", "2026W022T00Z", "2026-006T00:00:00Z", "2026006T00Z"):
+        page = await owner.get(conversations, params={"cursor": cursor})
+        assert page.status_code == 200, (cursor, page.text)
+        assert [c["lastMessageAt"] for c in page.json()["data"]] == [
+            "2026-01-05T00:00:00.000000Z"
+        ], cursor
+    before = await owner.get(conversations, params={"cursor": "1969-12-31T23:59:59Z"})
+    assert before.status_code == 200, before.text
+    assert before.json()["data"] == []
+    after = await owner.get(conversations, params={"cursor": "9999-12-31T23:59:59-01:00"})
+    assert after.status_code == 200, after.text
+    assert len(after.json()["data"]) == 2
+    conversation_id = after.json()["data"][0]["id"]
+    history = f"{conversations}/{conversation_id}/messages"
+    assert (await owner.get(history, params={"cursor": "1900-01-01T00:00:00Z"})).json() == {
+        "messages": [],
+        "nextCursor": None,
+        "hasMore": False,
+    }
+    # sentAt still refuses an instant the store cannot hold.
+    refused = await owner.post(
+        "/api/v1/messaging/messages",
+        json={
+            "channelId": seeded.sales_id,
+            "direction": "INBOUND",
+            "contact": {"phoneNumber": "40009"},
+            "type": "TEXT",
+            "content": "m",
+            "sentAt": "1969-12-31T23:59:59Z",
+        },
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["message"] == (
+        "sentAt must lie between 1970-01-01 and 9999-12-31 UTC"
+    )

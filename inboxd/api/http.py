@@ -16,7 +16,7 @@ from quart import Response, g, request
 
 from inboxd import cursors
 from inboxd.errors import InvalidRequest, UnsupportedMediaType
-from inboxd.timeutil import BadTimestamp, parse_instant
+from inboxd.timeutil import BadTimestamp, OutOfRange, parse_instant
 
 _JSON: Final = "application/json"
 _SMALL_NUMBER: Final = re.compile(r"[0-9]{1,4}")
@@ -203,6 +203,8 @@ def field_instant(body: Mapping[str, Any], name: str) -> int | None:
         return None
     try:
         return parse_instant(value)
+    except OutOfRange:
+        raise InvalidRequest(f"{name} must lie between 1970-01-01 and 9999-12-31 UTC") from None
     except BadTimestamp:
         raise InvalidRequest(
             f"{name} must be an ISO 8601 date-time with a time zone offset"
