@@ -207,8 +207,8 @@ async def test_two_failures_send_one_warning_and_delivery_continues(
     await send(owner, seeded, "one")
     got = await receiver.wait_for(4)
     assert [json.loads(r.body)["data"]["content"] for r in got] == ["one"] * 4
-    # Retried at +10 s and +30 s (head of line), then delivered at +2 min.
-    assert [round(r.at - got[0].at) for r in got] == [0, 10, 40, 160]
+    # Retried +10 s and +30 s into the episode (head of line), then delivered at +2 min.
+    assert [round(r.at - got[0].at) for r in got] == [0, 10, 30, 120]
     s = await until(owner, seeded.sales_id, receiver.url, failureCount=0)
     assert s["state"] == "delivering" and s["lastStatus"] == 200 and s["lastSuccessAt"]
     (warning,) = mails(seeded.data_dir)
@@ -248,8 +248,8 @@ async def test_ten_minutes_of_failures_pause_then_probes_then_disabled(
     paused = await paused_after_failing(owner, seeded, receiver, "first")
     assert paused["pausedAt"] and paused["nextProbeAt"] and paused["probesDone"] == 0
     attempts = list(receiver.requests)
-    assert len(attempts) == 6  # 0, +10 s, +40 s, +2:40, +7:40, +17:40
-    assert round(attempts[-1].at - attempts[0].at) == 1060
+    assert len(attempts) == 6  # 0, +10 s, +30 s, +2 min, +5 min, +10 min into the episode
+    assert [round(a.at - attempts[0].at) for a in attempts] == [0, 10, 30, 120, 300, 600]
     # While paused, new messages are kept, not sent.
     await send(owner, seeded, "second")
     await send(owner, seeded, "third")
@@ -482,3 +482,72 @@ async def test_unsubscribed_owner_gets_no_mail(
     await receiver.wait_for(6)
     await trio.sleep(MIN)
     assert len(mails(seeded.data_dir)) == 1
+
+
+async def test_a_probe_answered_without_a_2xx_does_not_resume_delivery(
+    autojump_clock: trio.testing.MockClock, owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver
+) -> None:
+    """Spec: "Without a 2xx, reconfiguring the URL is the only way to resume." A 400 to the
+    probe used to resume delivery, and each later 400 dropped one kept message."""
+    await paused_after_failing(owner, seeded, receiver, "m0")
+    await send(owner, seeded, "m1")
+    await send(owner, seeded, "m2")
+    before = len(receiver.requests)
+    receiver.default_status = 400  # the URL answers, but never with a 2xx
+    await receiver.wait_for(before + 1, within=20 * MIN)  # the 15-minute probe
+    await trio.sleep(MIN)
+    s = await url_settings(owner, seeded.sales_id, receiver.url)
+    sent_after = [json.loads(r.body)["data"]["content"] for r in receiver.requests[before:]]
+    assert (s["state"], s["probesDone"], s["lastStatus"], s["backlog"]) == ("paused", 1, 400, 3)
+    assert sent_after == ["m0"]
+
+
+async def test_probes_missed_while_the_daemon_was_stopped_go_out_one_at_a_time(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
+) -> None:
+    """Stopped through all three probe times, the daemon used to send the three probes back to
+    back on its start and disable the URL within a second. It now probes once on the start and
+    keeps the schedule's gaps (45 min, then 5 h) for the other two."""
+    clock = TrioClock()
+
+    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
+        await daemon.run(
+            seeded.data_dir,
+            config,
+            shutdown,
+            bind="127.0.0.1:0",
+            offload_store=False,
+            clock=clock,
+            task_status=task_status,
+        )
+
+    def client(url: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=url, headers=auth(seeded.owner_key), timeout=None, event_hooks=OPENAPI_HOOKS
+        )
+
+    async with running_receiver(certs) as receiver:
+        receiver.default_status = 503
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with client(urls[0]) as c:
+                await save_urls(c, seeded.sales_id, receiver.url)
+                await send(c, seeded, "x")
+                await until(c, seeded.sales_id, receiver.url, state="paused")
+            stop.set()
+        paused_attempts = len(receiver.requests)
+        await trio.sleep(7 * HOUR)  # stopped through all three probe times
+        restarted = trio.current_time()
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with client(urls[0]) as c:
+                await trio.sleep(5 * MIN)
+                early = await url_settings(c, seeded.sales_id, receiver.url)
+                await until(c, seeded.sales_id, receiver.url, state="disabled")
+            stop.set()
+    probes = [round(r.at - restarted) for r in receiver.requests[paused_attempts:]]
+    assert (early["state"], early["probesDone"]) == ("paused", 1)
+    assert probes == [0, 45 * 60, 45 * 60 + 5 * 3600]
+    assert len([m for m in mails(seeded.data_dir) if "stopped" in m["Subject"].lower()]) == 1

@@ -70,11 +70,26 @@ def run_until_paused() -> tuple[UrlState, list[int]]:
 
 def test_paused_at_the_first_failure_ten_minutes_into_the_episode() -> None:
     s, times = run_until_paused()
-    # Retries at +10 s, +30 s, +2 min, +5 min, +10 min: the one at 17 min 40 s pauses.
-    assert times == [0, 10 * S, 40 * S, 160 * S, 460 * S, 1060 * S]
-    assert s.state == PAUSED and s.paused_at == 1060 * S
-    assert s.next_probe_at == 1060 * S + 15 * MIN
+    # Retries +10 s, +30 s, +2 min, +5 min and +10 min into the episode: the last one pauses,
+    # the spec's "10 minutes" (they were gaps, which paused it at 17 min 40 s).
+    assert times == [0, 10 * S, 30 * S, 120 * S, 300 * S, 600 * S]
+    assert s.state == PAUSED and s.paused_at == 600 * S
+    assert s.next_probe_at == 600 * S + 15 * MIN
     assert wake_at(s) == s.next_probe_at
+
+
+def test_a_retry_comes_pause_after_into_the_episode_whatever_pause_after_is() -> None:
+    for minutes in (1, 7, 15, 45):
+        policy = Policy(pause_after_us=minutes * MIN, probe_schedule_us=POLICY.probe_schedule_us)
+        s, now = UrlState(), 0
+        while s.state == DELIVERING:
+            s = decide(s, FAIL, now, policy).state
+            now = wake_at(s) or 0
+        assert s.paused_at == minutes * MIN, minutes
+    # Failures of later messages in the same episode retry at the episode's next time.
+    s = decide(UrlState(), FAIL, 0, POLICY).state
+    s = decide(s, classify(400, None), 10 * S, POLICY).state  # that message is done with
+    assert decide(s, FAIL, 50 * S, POLICY).state.next_attempt_at == 120 * S
 
 
 def test_probes_after_15_min_1_h_6_h_then_disabled_with_one_stopped_email() -> None:
@@ -114,6 +129,38 @@ def test_other_statuses_are_not_failures() -> None:
     assert d.state.next_attempt_at is None
 
 
+def test_a_probe_without_a_2xx_is_a_failed_check() -> None:
+    """Spec: "Without a 2xx, reconfiguring the URL is the only way to resume." A 400 to a
+    probe used to resume delivery (and drop the kept message)."""
+    s, _ = run_until_paused()
+    paused_at = s.paused_at
+    assert paused_at is not None
+    d = decide(s, classify(400, None), paused_at + 15 * MIN, POLICY)
+    assert d.state.state == PAUSED and not d.advance  # the message stays kept
+    assert d.state.probes_done == 1 and d.state.next_probe_at == paused_at + H
+    assert d.state.last_status == 400 and d.state.failure_count == s.failure_count
+    d = decide(d.state, classify(302, None), paused_at + H, POLICY)
+    d = decide(d.state, classify(422, None), paused_at + 6 * H, POLICY)
+    assert d.state.state == DISABLED and d.stopped
+
+
+def test_probes_missed_while_stopped_stay_apart() -> None:
+    """A daemon stopped through all three probe times probes once on its start, then keeps the
+    schedule's gaps, instead of three probes at once and the URL disabled seconds later."""
+    s, _ = run_until_paused()
+    paused_at = s.paused_at
+    assert paused_at is not None
+    start = paused_at + 7 * H  # the daemon comes back
+    first = decide(s, FAIL, start, POLICY).state
+    assert first.state == PAUSED and first.next_probe_at == start + H - 15 * MIN
+    second = decide(first, FAIL, start + H - 15 * MIN, POLICY).state
+    assert second.state == PAUSED and second.next_probe_at == start + 6 * H - 15 * MIN
+    assert decide(second, FAIL, start + 6 * H - 15 * MIN, POLICY).state.state == DISABLED
+    # One missed, the next still ahead: that one keeps its time.
+    late = decide(s, FAIL, paused_at + 20 * MIN, POLICY).state
+    assert late.next_probe_at == paused_at + H
+
+
 def test_saving_the_url_again_reenables_it() -> None:
     s, _ = run_until_paused()
     while s.state == PAUSED:
@@ -144,7 +191,7 @@ def test_invariants_over_any_history(steps: list[tuple[str, int]]) -> None:
             continue
         if kind == "success":
             assert s.state == DELIVERING and s.failure_count == 0 and d.advance
-        if s.failure_count == 0:  # the episode ended (a success, or an answer during a pause)
+        if s.failure_count == 0:  # the episode ended (a success)
             warned_in_episode = False
         if d.warn:
             assert not warned_in_episode and s.failure_count >= 2

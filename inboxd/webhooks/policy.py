@@ -6,12 +6,14 @@ channel.py sends, calls ``decide``, and records what it says. Times are wall-clo
 ::
 
     delivering --failure--> delivering      1st failure starts the episode; retry the same
-                                            message at +10 s, +30 s, +2 m, +5 m, +10 m, ...
+                                            message +10 s, +30 s, +2 m, +5 m, +10 m and
+                                            pause_after into the episode
                --2nd failure-->             warning email (once per episode)
                --failure >= pause_after after the episode's first--> paused
     paused     --probe at paused_at + 15 m / 1 h / 6 h--> 2xx: delivering (episode over)
-                                                          failure: next probe, or after the
-                                                          last one: disabled + "stopped" email
+                                                          anything else: next probe, or after
+                                                          the last one: disabled + "stopped"
+                                                          email
     any        --2xx--> delivering, episode over
     disabled   --saved again (POST /webhook)--> delivering
 """
@@ -28,8 +30,10 @@ DISABLED: Final = "disabled"
 URL_STATES: Final = (DELIVERING, PAUSED, DISABLED)
 
 SECOND_US: Final = 1_000_000
-# Head-of-line retries of a failed message (CONTRACT section 7); the last pause repeats.
-RETRY_DELAYS_US: Final = tuple(s * SECOND_US for s in (10, 30, 120, 300, 600))
+# Head-of-line retries of a failed message (CONTRACT section 7), counted from the failure
+# episode's first failure; one more comes pause_after into the episode (the same as +10 m with
+# the default), so that a URL failing throughout is paused then: the spec's "10 minutes".
+RETRY_OFFSETS_US: Final = tuple(s * SECOND_US for s in (10, 30, 120, 300, 600))
 # A failure: no answer, or one of these statuses (spec). 5xx is a failure too.
 FAILURE_STATUSES: Final = frozenset({401, 403, 404, 410, 429})
 
@@ -120,6 +124,34 @@ def _episode_over(s: UrlState, r: Result, now: int) -> UrlState:
     )
 
 
+def _check_failed(s: UrlState, after: UrlState, now: int, p: Policy) -> Decision:
+    """A probe of a paused URL came back without a 2xx: the next probe, or after the last one
+    the URL is disabled. ``after`` is ``s`` with the answer recorded."""
+    probes = s.probes_done + 1
+    schedule = p.probe_schedule_us
+    if probes >= len(schedule):
+        disabled = attrs.evolve(
+            after, state=DISABLED, probes_done=probes, next_probe_at=None, disabled_at=now
+        )
+        return Decision(state=disabled, advance=False, stopped=True)
+    assert s.paused_at is not None
+    next_probe = s.paused_at + schedule[probes]
+    if next_probe <= now:
+        # Its time passed while the daemon was stopped: the checks stay apart as scheduled
+        # instead of all going out at once on the start (and disabling the URL seconds later).
+        next_probe = now + schedule[probes] - schedule[probes - 1]
+    return Decision(
+        state=attrs.evolve(after, probes_done=probes, next_probe_at=next_probe), advance=False
+    )
+
+
+def _next_attempt(first_failure_at: int, now: int, p: Policy) -> int:
+    """When a failed message is tried again: the first retry time of the episode after now
+    (there is always one: pause_after into the episode, which has not come yet)."""
+    times = [first_failure_at + o for o in (*RETRY_OFFSETS_US, p.pause_after_us)]
+    return min(t for t in times if t > now)
+
+
 def decide(s: UrlState, r: Result, now: int, p: Policy) -> Decision:
     if s.state == DISABLED:
         return Decision(state=s, advance=False)  # nothing is sent to a disabled URL
@@ -127,9 +159,11 @@ def decide(s: UrlState, r: Result, now: int, p: Policy) -> Decision:
         return Decision(state=_episode_over(s, r, now), advance=True)
     if r.kind == "other":
         if s.state == PAUSED:
-            # The URL answers (e.g. 400 to this message): it is reachable again, so delivery
-            # resumes; the message itself is not retried.
-            return Decision(state=_episode_over(s, r, now), advance=True)
+            # Not a failure, but not a 2xx either (e.g. 400 to the kept message): the check
+            # failed ("without a 2xx, reconfiguring the URL is the only way to resume"), and
+            # the message stays kept for the next one.
+            answered = attrs.evolve(s, last_status=r.status, last_error=r.error)
+            return _check_failed(s, answered, now, p)
         # Not a failure: the message's delivery ends and the URL's state is left alone.
         return Decision(state=attrs.evolve(s, next_attempt_at=None), advance=True)
     failed = attrs.evolve(
@@ -141,21 +175,7 @@ def decide(s: UrlState, r: Result, now: int, p: Policy) -> Decision:
         last_error=r.error,
     )
     if s.state == PAUSED:
-        probes = s.probes_done + 1
-        if probes >= len(p.probe_schedule_us):
-            disabled = attrs.evolve(
-                failed, state=DISABLED, probes_done=probes, next_probe_at=None, disabled_at=now
-            )
-            return Decision(state=disabled, advance=False, stopped=True)
-        assert s.paused_at is not None
-        return Decision(
-            state=attrs.evolve(
-                failed,
-                probes_done=probes,
-                next_probe_at=s.paused_at + p.probe_schedule_us[probes],
-            ),
-            advance=False,
-        )
+        return _check_failed(s, failed, now, p)
     warn = failed.failure_count >= 2 and not s.warned
     assert failed.first_failure_at is not None
     if now - failed.first_failure_at >= p.pause_after_us:
@@ -169,9 +189,9 @@ def decide(s: UrlState, r: Result, now: int, p: Policy) -> Decision:
             next_attempt_at=None,
         )
         return Decision(state=paused, advance=False, warn=warn)
-    delay = RETRY_DELAYS_US[min(failed.failure_count, len(RETRY_DELAYS_US)) - 1]
+    retry = _next_attempt(failed.first_failure_at, now, p)
     return Decision(
-        state=attrs.evolve(failed, warned=s.warned or warn, next_attempt_at=now + delay),
+        state=attrs.evolve(failed, warned=s.warned or warn, next_attempt_at=retry),
         advance=False,
         warn=warn,
     )
