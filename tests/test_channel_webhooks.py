@@ -485,7 +485,10 @@ async def test_unsubscribed_owner_gets_no_mail(
 
 
 async def test_a_probe_answered_without_a_2xx_does_not_resume_delivery(
-    autojump_clock: trio.testing.MockClock, owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
 ) -> None:
     """Spec: "Without a 2xx, reconfiguring the URL is the only way to resume." A 400 to the
     probe used to resume delivery, and each later 400 dropped one kept message."""
@@ -551,3 +554,75 @@ async def test_probes_missed_while_the_daemon_was_stopped_go_out_one_at_a_time(
     assert (early["state"], early["probesDone"]) == ("paused", 1)
     assert probes == [0, 45 * 60, 45 * 60 + 5 * 3600]
     assert len([m for m in mails(seeded.data_dir) if "stopped" in m["Subject"].lower()]) == 1
+
+
+async def test_a_delivering_urls_owed_message_survives_a_stop_longer_than_the_retention(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
+) -> None:
+    """``backlog_retention`` bounds what a paused URL keeps. A delivering URL in the middle of
+    a failure episode when the daemon stopped for longer used to lose the message silently."""
+    clock = TrioClock()
+
+    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
+        await daemon.run(
+            seeded.data_dir,
+            config,
+            shutdown,
+            bind="127.0.0.1:0",
+            offload_store=False,
+            clock=clock,
+            task_status=task_status,
+        )
+
+    def client(url: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=url, headers=auth(seeded.owner_key), timeout=None, event_hooks=OPENAPI_HOOKS
+        )
+
+    async with running_receiver(certs) as receiver:
+        receiver.statuses += [503]
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with client(urls[0]) as c:
+                await save_urls(c, seeded.sales_id, receiver.url)
+                await send(c, seeded, "m0")
+                await receiver.wait_for(1)  # failed; its retry is due in 10 s
+                assert (await url_settings(c, seeded.sales_id, receiver.url))["backlog"] == 1
+            stop.set()
+        await trio.sleep(25 * HOUR)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with client(urls[0]) as c:
+                s = await until(c, seeded.sales_id, receiver.url, failureCount=0, backlog=0)
+            stop.set()
+    assert [json.loads(r.body)["data"]["content"] for r in receiver.requests] == ["m0", "m0"]
+    assert s["state"] == "delivering" and s["lastStatus"] == 200
+
+
+async def test_what_a_disabled_url_kept_past_the_retention_is_not_sent_when_saved_again(
+    autojump_clock: trio.testing.MockClock,
+    owner: httpx.AsyncClient,
+    seeded: Seed,
+    receiver: Receiver,
+) -> None:
+    """CONTRACT section 7: re-enabled, a URL delivers what it kept, at most backlog_retention
+    (24 h) old: the rest is dropped as it starts delivering again, not owed again."""
+    await paused_after_failing(owner, seeded, receiver, "old")
+    await until(owner, seeded.sales_id, receiver.url, state="disabled")
+    await trio.sleep(25 * HOUR)
+    # (A fresh client: the old keep-alive connection idled through a day of virtual time.)
+    async with httpx.AsyncClient(
+        base_url=owner.base_url, headers=owner.headers, timeout=None
+    ) as fresh:
+        await send(fresh, seeded, "new")
+        assert (await url_settings(fresh, seeded.sales_id, receiver.url))["backlog"] == 1
+        before = len(receiver.requests)
+        receiver.default_status = 200
+        await save_urls(fresh, seeded.sales_id, receiver.url)
+        # In order: had "old" still been owed, it would have gone first.
+        got = await receiver.wait_for(before + 1)
+        assert json.loads(got[before].body)["data"]["content"] == "new"
+        s = await until(fresh, seeded.sales_id, receiver.url, backlog=0)
+    assert s["state"] == "delivering" and len(receiver.requests) == before + 1

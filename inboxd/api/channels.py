@@ -88,7 +88,7 @@ async def replace_urls(channel_id: str) -> Response:
     allow_private = state().config.webhooks.allow_private_hosts
     for url in urls:
         validate_url(url, allow_private=allow_private)
-    secret = await state().store.write(cw.replace_urls, pk, urls, now_us())
+    secret = await state().store.write(cw.replace_urls, pk, urls, now_us(), _min_created_at())
     await _reconcile()
     body = await _settings(pk, channel_id)
     if secret is not None:

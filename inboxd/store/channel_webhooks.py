@@ -111,10 +111,19 @@ def secret_of(conn: sqlite3.Connection, channel_pk: int) -> str | None:
     return None if row is None or row[0] == NOT_ISSUED else str(row[0])
 
 
+def kept_since(state: str, min_created_at: int) -> int:
+    """The oldest ``created_at`` a URL in ``state`` is still owed: a paused or disabled URL
+    keeps messages for ``backlog_retention`` (``min_created_at``); a delivering one is owed
+    everything after its cursor (the journal's pruning keeps that for it), also across a long
+    stop in the middle of a failure episode."""
+    return 0 if state == DELIVERING else min_created_at
+
+
 def head_event(
     conn: sqlite3.Connection, channel_pk: int, after_seq: int, min_created_at: int
 ) -> JournalEvent | None:
-    """The oldest event this URL still owes (kept no longer than the backlog retention)."""
+    """The oldest event this URL still owes created at ``min_created_at`` or later (see
+    ``kept_since``)."""
     r = conn.execute(
         f"SELECT {JOURNAL_COLUMNS} FROM events"
         " WHERE channel_pk = ? AND for_channel_webhooks = 1 AND seq > ? AND created_at >= ?"
@@ -162,9 +171,24 @@ def record(
         " delivered_seq = max(delivered_seq, ?), updated_at = ? WHERE pk = ?",
         (*_state_values(decision.state), advance_to or 0, now, pk),
     )
+    if row.state.state != DELIVERING and decision.state.state == DELIVERING:
+        _drop_stale(conn, pk, row.channel_pk, ctx.min_created_at)
     if decision.warn or decision.stopped:
         _queue_notice(conn, row, decision, now, ctx)
     return True
+
+
+def _drop_stale(conn: sqlite3.Connection, pk: int, channel_pk: int, min_created_at: int) -> None:
+    """A paused or disabled URL delivers again: what it kept beyond the backlog retention is
+    not sent (CONTRACT section 7), so its cursor moves past those messages now, before the
+    delivering state would make them owed again."""
+    conn.execute(
+        "UPDATE channel_webhook_urls SET delivered_seq = max(delivered_seq, coalesce("
+        " (SELECT max(seq) FROM events WHERE channel_pk = ? AND for_channel_webhooks = 1"
+        "  AND seq > channel_webhook_urls.delivered_seq AND created_at < ?), 0))"
+        " WHERE pk = ?",
+        (channel_pk, min_created_at, pk),
+    )
 
 
 def _queue_notice(
@@ -243,7 +267,9 @@ def settings(
             UrlView(
                 url=r["url"],
                 state=_state(r),
-                backlog=backlog(conn, channel_pk, r["delivered_seq"], min_created_at),
+                backlog=backlog(
+                    conn, channel_pk, r["delivered_seq"], kept_since(r["state"], min_created_at)
+                ),
             )
             for r in rows
         ],
@@ -276,11 +302,11 @@ def _ensure_settings(
 
 
 def replace_urls(
-    conn: sqlite3.Connection, channel_pk: int, urls: list[str], now: int
+    conn: sqlite3.Connection, channel_pk: int, urls: list[str], now: int, min_created_at: int
 ) -> str | None:
     """Make ``urls`` the channel's whole list: omitted URLs are removed, new ones start at the
-    journal's end, listed paused or disabled ones are re-enabled (what they kept follows).
-    Returns the signing secret when this call created it."""
+    journal's end, listed paused or disabled ones are re-enabled (what they kept since
+    ``min_created_at`` follows). Returns the signing secret when this call created it."""
     secret = _ensure_settings(conn, channel_pk, now, issue_secret=True)
     existing = {
         r["url"]: r
@@ -308,6 +334,7 @@ def replace_urls(
                 " position = ?, generation = generation + 1, updated_at = ? WHERE pk = ?",
                 (*_state_values(reenabled(_state(r))), position, now, r["pk"]),
             )
+            _drop_stale(conn, r["pk"], channel_pk, min_created_at)
         else:
             conn.execute(
                 "UPDATE channel_webhook_urls SET position = ? WHERE pk = ?", (position, r["pk"])

@@ -166,7 +166,10 @@ class UrlSupervisor:
         signal = hub.signal(row.channel_pk)
         version = signal.version
         head = await hub.store.read(
-            cw.head_event, row.channel_pk, row.delivered_seq, hub.min_created_at()
+            cw.head_event,
+            row.channel_pk,
+            row.delivered_seq,
+            cw.kept_since(row.state.state, hub.min_created_at()),
         )
         if head is None and row.state.state != PAUSED:
             await signal.wait_past(version)  # nothing owed: wait for the channel's next message
