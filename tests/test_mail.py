@@ -201,3 +201,68 @@ async def test_a_mail_server_that_is_down_delays_only_the_mail(
         stop.set()
     (warning,) = inbox.messages
     assert "failing" in warning["Subject"]
+
+
+async def test_a_notice_waiting_for_the_mail_server_is_not_sent_after_the_owner_unsubscribed(
+    autojump_clock: Any, tmp_path: Any, seeded: Seed
+) -> None:
+    """CONTRACT section 7: channel webhook emails "are not sent once the owner has
+    unsubscribed". A warning queued while the mail server was down used to go out once it
+    came back, after the owner had unsubscribed. An invite queued beside it still goes (the
+    mailer did retry)."""
+    down_port = free_port()
+    certs = make_certs(tmp_path / "tls")
+    config = Config(
+        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
+        mail=MailConfig(smtp_host="127.0.0.1", smtp_port=down_port),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+    stop = trio.Event()
+    inbox = Inbox()
+
+    async def run_daemon(task_status: Any) -> None:
+        await daemon.run(
+            seeded.data_dir,
+            config,
+            stop,
+            bind="127.0.0.1:0",
+            offload_store=False,
+            clock=TrioClock(),
+            task_status=task_status,
+        )
+
+    async with running_receiver(certs) as receiver, trio.open_nursery() as nursery:
+        urls = await nursery.start(run_daemon)
+        async with httpx.AsyncClient(
+            base_url=urls[0],
+            headers=auth(seeded.owner_key),
+            timeout=None,
+            event_hooks=OPENAPI_HOOKS,
+        ) as owner:
+            channel = seeded.sales_id
+            saved = await owner.post(
+                f"/api/v1/channels/{channel}/webhook", json={"urls": [receiver.url]}
+            )
+            assert saved.status_code == 200
+            receiver.statuses += [503, 503]
+            await ingest(owner, channel, "15550001", content="one")
+            await receiver.wait_for(3)  # two failures (the warning is queued), then a 200
+            off = await owner.patch(
+                f"/api/v1/channels/{channel}/settings", json={"notifications": {"email": False}}
+            )
+            assert off.status_code == 200 and off.json()["notifications"] == {"email": False}
+            invited = await owner.post(
+                f"{TEAM}/invites", json={"email": "later@example.com", "channelIds": []}
+            )
+            assert invited.status_code == 201
+            controller = Controller(inbox, hostname="127.0.0.1", port=down_port)
+            controller.start()
+            try:
+                await trio.sleep(3600)  # the mailer retries meanwhile
+                with trio.move_on_after(5):
+                    while not inbox.messages:  # noqa: ASYNC110
+                        await trio.sleep(1)
+            finally:
+                controller.stop()
+        stop.set()
+    assert [m["To"] for m in inbox.messages] == ["later@example.com"]

@@ -224,6 +224,7 @@ def _queue_notice(
         notice.body,
         now,
         notice.headers,
+        channel_pk=row.channel_pk,
     )
 
 
@@ -369,6 +370,8 @@ def set_notify_email(conn: sqlite3.Connection, channel_pk: int, enabled: bool, n
         "UPDATE channel_webhook_settings SET notify_email = ?, updated_at = ? WHERE channel_pk = ?",
         (int(enabled), now, channel_pk),
     )
+    if not enabled:  # also what is queued and not sent yet (CONTRACT section 7)
+        mail.withdraw_channel_notices(conn, channel_pk)
 
 
 def unsubscribe(conn: sqlite3.Connection, channel_id: str, token: str, now: int) -> bool:

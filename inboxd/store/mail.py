@@ -32,14 +32,26 @@ def queue(
     body: str,
     now: int,
     headers: Mapping[str, str] | None = None,
+    channel_pk: int | None = None,
 ) -> int:
+    """Queue a mail, sent once this transaction commits. ``channel_pk``: the channel a channel
+    webhook notice is about (``withdraw_channel_notices``)."""
     cur = conn.execute(
-        "INSERT INTO mail_outbox (account_pk, to_addr, subject, body, headers, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (account_pk, to_addr, subject, body, json.dumps(dict(headers or {})), now),
+        "INSERT INTO mail_outbox"
+        " (account_pk, to_addr, subject, body, headers, created_at, channel_pk)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (account_pk, to_addr, subject, body, json.dumps(dict(headers or {})), now, channel_pk),
     )
     wake(conn, QUEUED)
     return int(cur.lastrowid or 0)
+
+
+def withdraw_channel_notices(conn: sqlite3.Connection, channel_pk: int) -> int:
+    """The channel's owner unsubscribed: its webhook notices not sent yet never will be (they
+    go from the outbox; nothing of them was sent). How many went."""
+    return conn.execute(
+        "DELETE FROM mail_outbox WHERE channel_pk = ? AND sent_at IS NULL", (channel_pk,)
+    ).rowcount
 
 
 def pending(conn: sqlite3.Connection, after_pk: int, limit: int) -> list[Mail]:

@@ -679,6 +679,13 @@ CREATE INDEX webhook_redeliveries_account ON webhook_redeliveries(account_pk, pk
 CREATE INDEX webhook_redeliveries_event ON webhook_redeliveries(event_seq);
 """
 
+_V15: Final = """
+-- Which channel a channel webhook notice is about: when its owner unsubscribes, the notices
+-- still waiting to be sent (the mail server down, say) are withdrawn with it (CONTRACT section
+-- 7: not sent once the owner has unsubscribed). NULL for every other mail.
+ALTER TABLE mail_outbox ADD COLUMN channel_pk INTEGER;
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -694,4 +701,5 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V12,
     _V13,
     _V14,
+    _V15,
 )
