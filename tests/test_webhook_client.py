@@ -36,6 +36,13 @@ from tests.receiver import Certs, make_certs, running_receiver
         "https://0x7f.0.0.1/x",
         "https://127.0.0.1./x",
         "https://10.1/x",
+        # IPv6 that Python's is_global takes for global: site-local, and addresses that wrap a
+        # loopback or private IPv4 one (IPv4-compatible, 6to4, NAT64).
+        "https://[fec0::1]/x",
+        "https://[::127.0.0.1]/x",
+        "https://[2002:7f00:1::1]/x",
+        "https://[2002:a01:203::1]/x",
+        "https://[64:ff9b::7f00:1]/x",
     ],
 )
 def test_private_hosts_are_refused_unless_allowed(url: str) -> None:
@@ -43,6 +50,20 @@ def test_private_hosts_are_refused_unless_allowed(url: str) -> None:
         validate_url(url, allow_private=False)
     assert info.value.code == "invalid_url"
     assert validate_url(url, allow_private=True) == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://8.8.8.8/x",
+        "https://[2001:4860:4860::8888]/x",
+        # The same wrappers around a global IPv4 address are global.
+        "https://[2002:808:808::1]/x",
+        "https://[64:ff9b::808:808]/x",
+    ],
+)
+def test_global_addresses_are_allowed(url: str) -> None:
+    assert validate_url(url, allow_private=False) == url
 
 
 @pytest.mark.parametrize(

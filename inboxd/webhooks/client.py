@@ -41,9 +41,25 @@ def invalid_url(message: str) -> Unprocessable:
     return Unprocessable(message, code="invalid_url")
 
 
+# IPv6 ranges whose addresses carry an IPv4 address in their last 32 bits, which decides:
+# IPv4-compatible (::a.b.c.d, deprecated; also :: and ::1) and NAT64 (64:ff9b::/96).
+_CARRIES_IPV4: Final = (ipaddress.IPv6Network("::/96"), ipaddress.IPv6Network("64:ff9b::/96"))
+
+
 def _address_allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Whether a webhook may be sent to ``ip``: a global unicast address. Python 3.11's
+    ``is_global`` calls deprecated site-local IPv6 (fec0::/10) and addresses that only wrap an
+    IPv4 one (::127.0.0.1, 2002:7f00:1::, 64:ff9b::7f00:1) global: those are judged by the
+    IPv4 address inside, and site-local is refused."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.is_site_local:
+            return False
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif ip.sixtofour is not None:
+            ip = ip.sixtofour
+        elif any(ip in net for net in _CARRIES_IPV4):
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return ip.is_global and not ip.is_multicast
 
 
