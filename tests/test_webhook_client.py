@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -246,3 +248,37 @@ async def test_a_url_httpx_cannot_send_to_is_a_failed_attempt_not_an_exception()
         )
     assert outcome.status is None and not outcome.ok
     assert outcome.error is not None and outcome.error.startswith("InvalidURL")
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "date", "seconds"),
+    [
+        ("120", None, 120.0),
+        # An HTTP-date (RFC 9110 10.2.3), from the answer's own Date: its three forms.
+        ("Tue, 24 Nov 2026 10:10:00 GMT", "Tue, 24 Nov 2026 10:00:00 GMT", 600.0),
+        ("Tuesday, 24-Nov-26 10:10:00 GMT", "Tue, 24 Nov 2026 10:00:00 GMT", 600.0),
+        ("Tue Nov 24 10:10:00 2026", "Tue, 24 Nov 2026 10:00:00 GMT", 600.0),
+        ("Tue, 24 Nov 2026 09:59:00 GMT", "Tue, 24 Nov 2026 10:00:00 GMT", 0.0),  # past: now
+        ("soon", None, None),
+        ("Tue, 99 Nov 2026 10:10:00 GMT", None, None),
+    ],
+)
+def test_retry_after_in_seconds_or_as_a_date(
+    retry_after: str, date: str | None, seconds: float | None
+) -> None:
+    from inboxd.webhooks.client import _retry_after
+
+    headers = {"Retry-After": retry_after, **({"Date": date} if date else {})}
+    for status in (429, 503):
+        assert _retry_after(httpx.Response(status, headers=headers)) == seconds
+    assert _retry_after(httpx.Response(500, headers=headers)) is None
+
+
+def test_a_retry_after_date_without_a_date_header_counts_from_our_clock() -> None:
+    from email.utils import format_datetime
+
+    from inboxd.webhooks.client import _retry_after
+
+    when = format_datetime(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10), usegmt=True)
+    waited = _retry_after(httpx.Response(503, headers={"Retry-After": when}))
+    assert waited is not None and 590 <= waited <= 600

@@ -12,6 +12,8 @@ against the URL's host name. Redirects are never followed.
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import hashlib
 import hmac
 import ipaddress
@@ -247,12 +249,31 @@ class Outcome:
         return self.status is not None and 200 <= self.status < 300
 
 
+def _http_date(raw: str) -> dt.datetime | None:
+    """An HTTP-date (RFC 9110 5.6.7, and the obsolete forms ``email.utils`` reads), as UTC."""
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when
+
+
 def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait from a 429's or 503's ``Retry-After``: delta-seconds, or an HTTP-date
+    (RFC 9110 10.2.3), counted from the answer's own ``Date`` so that the two clocks need not
+    agree (from ours when it has none). None when there is none or it cannot be read."""
     if response.status_code not in (429, 503):
         return None
     raw = response.headers.get("retry-after", "").strip()
     # Delta-seconds, in ASCII digits ("²".isdigit() is true too, and float() refuses it).
-    return float(raw) if raw.isascii() and raw.isdigit() else None
+    if raw.isascii() and raw.isdigit():
+        return float(raw)
+    when = _http_date(raw)
+    if when is None:
+        return None
+    sent = _http_date(response.headers.get("date", ""))
+    now = sent or dt.datetime.now(dt.UTC)
+    return max(0.0, (when - now).total_seconds())
 
 
 async def _drain(response: httpx.Response) -> None:
