@@ -618,3 +618,29 @@ def test_a_redelivery_pk_is_never_given_again(store: Store) -> None:
     late = webhooks.Attempt(first_seq, "dlv_late", 1, "delivered", 200, None, 1.0, 2)
     store.write_sync(lambda c: webhooks.record_attempt(c, accounts.the_account_pk(c), late, first))
     assert store.read_sync(webhooks.redelivery_queued, second)
+
+
+async def test_an_attempt_to_a_deleted_webhook_is_not_recorded_on_the_one_saved_after_it(
+    owner: httpx.AsyncClient, seeded: Seed, receiver: Receiver, certs: Certs
+) -> None:
+    """An attempt in flight to the old URL while the webhook is deleted and saved again used
+    to fill the new webhook's lastDelivery fields with a delivery it never had."""
+    assert (await owner.put(HOOK, json={"url": receiver.url})).status_code == 200
+    conv = (await ingest(owner, seeded.sales_id, "15550001"))["conversationId"]
+    receiver.gate = trio.Event()  # the old URL answers only when told
+    receiver.statuses.append(500)
+    await owner.post(f"{CONV}/{conv}/block")
+    await receiver.wait_for(1, within=10)
+    assert (await owner.delete(HOOK)).json() == {"removed": True}
+    async with running_receiver(certs) as other:
+        created = (await owner.put(HOOK, json={"url": other.url})).json()
+        assert created["created"] is True and created["lastDeliveryStatus"] is None
+        receiver.gate.set()  # the old attempt ends now (500)
+        with trio.fail_after(10):  # until its record has committed
+            while not (await owner.get(f"{HOOK}/deliveries")).json()["deliveries"]:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        now = (await owner.get(HOOK)).json()
+        assert other.requests == []
+    # The attempt is in the account's log, not on the webhook saved after it.
+    assert (now["url"], now["lastDeliveryAt"], now["lastDeliveryStatus"]) == (other.url, None, None)
+    assert now["lastDeliveryError"] is None

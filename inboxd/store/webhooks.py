@@ -177,6 +177,9 @@ class Attempt:
     error: str | None
     duration_ms: float
     at: int
+    # The created_at of the webhook it went to: a webhook deleted and saved again meanwhile is
+    # another one, whose lastDelivery fields this attempt must not fill (None: whichever).
+    webhook_created_at: int | None = None
 
 
 def record_attempt(
@@ -203,8 +206,17 @@ def record_attempt(
         "UPDATE inbox_webhooks SET last_delivery_at = ?, last_delivery_status = ?,"
         " last_delivery_error = ?,"
         " delivered_seq = CASE WHEN ? THEN max(delivered_seq, ?) ELSE delivered_seq END"
-        " WHERE account_pk = ?",
-        (a.at, a.status, a.error, final and redelivery_pk is None, a.event_seq, account_pk),
+        " WHERE account_pk = ? AND (? IS NULL OR created_at = ?)",
+        (
+            a.at,
+            a.status,
+            a.error,
+            final and redelivery_pk is None,
+            a.event_seq,
+            account_pk,
+            a.webhook_created_at,
+            a.webhook_created_at,
+        ),
     )
     if final and redelivery_pk is not None:
         conn.execute("DELETE FROM webhook_redeliveries WHERE pk = ?", (redelivery_pk,))

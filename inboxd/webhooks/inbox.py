@@ -199,6 +199,7 @@ class InboxWebhookDeliverer:
                 error=outcome.error,
                 duration_ms=outcome.duration_ms,
                 at=self._clock.now_us(),
+                webhook_created_at=hook.created_at,
             )
             if self._metrics is not None:
                 self._metrics.inbox_deliveries.labels(result).inc()
