@@ -499,3 +499,40 @@ async def test_a_caught_up_client_is_not_reset_when_the_journal_was_pruned_empty
         await ingest(owner, seeded.sales_id, "15550001", content="new")
         (first,) = await frames(ws, 1)
     assert first["data"]["content"] == "new"  # no feed.reset: nothing was missed
+
+
+async def test_a_lagging_client_judges_each_event_by_the_access_at_its_moment(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ann's socket task is held (as a slow reader's is) while she loses Support, a Support
+    message arrives and she gets Support back. Reaching her removal, the task used to read her
+    access as it was by then (Support again) and send her the message of the time she could
+    not open Support."""
+    reached, go = trio.Event(), trio.Event()
+    allowed = feed_api._allowed
+
+    async def held(client: Any, event: Any) -> bool:
+        if not reached.is_set():
+            reached.set()
+            await go.wait()
+        return await allowed(client, event)
+
+    monkeypatch.setattr(feed_api, "_allowed", held)
+    members = (await owner.get("/api/v1/inbox/team/members")).json()
+    ann = next(m for m in members if m["userId"] == seeded.ann_id)
+    channels = f"/api/v1/inbox/team/members/{ann['memberId']}/channels"
+    async with feed(base_url, seeded.ann_key) as ws:
+        lost = await owner.put(channels, json={"channelIds": [seeded.sales_id]})
+        assert lost.status_code == 200
+        with trio.fail_after(5):
+            await reached.wait()
+        await ingest(owner, seeded.support_id, "15550002", content="while she could not see it")
+        back = await owner.put(channels, json={"channelIds": [seeded.sales_id, seeded.support_id]})
+        assert back.status_code == 200
+        await ingest(owner, seeded.support_id, "15550002", content="after she got it back")
+        go.set()
+        (frame,) = await frames(ws, 1)
+        await nothing_more(ws)
+    # (inbox.user.* events go to owner keys only: her own removal's event is not hers.)
+    assert frame["type"] == "inbox.message.created"
+    assert frame["data"]["content"] == "after she got it back"

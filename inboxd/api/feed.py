@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Final, cast
 
+import attrs
 import trio
 from quart import Blueprint, Response, request, websocket
 
@@ -25,6 +26,7 @@ from inboxd.feed import (
 from inboxd.model import Principal
 from inboxd.store import accounts, events
 from inboxd.store.db import journal_end
+from inboxd.store.events import USER_CHANNELS_CHANGED
 
 blueprint = Blueprint("feed", __name__, url_prefix="/api/v1/inbox")
 blueprint.before_request(authenticate)  # HTTP routes only; the websocket authenticates itself
@@ -135,18 +137,28 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
 
 
 async def _allowed(client: FeedClient, event: FeedEvent) -> bool:
-    if concerns_user(event, client.who.user_id) and not await _refresh(client):
+    if concerns_user(event, client.who.user_id) and not await _refresh(client, event):
         return False
     return visible(client.who, event)
 
 
-async def _refresh(client: FeedClient) -> bool:
+async def _refresh(client: FeedClient, change: FeedEvent | None = None) -> bool:
     """Read what the client's key may see again; False (and the client closed with 1008) once
-    the key is revoked or its member removed."""
-    who = await state().store.read(accounts.principal_of_key, client.who.key_pk)
+    the key is revoked or its member removed.
+
+    ``change``: the client's own ``inbox.user.channels_changed`` it has reached. The channels it
+    names are the ones the user could open from then on; the store's may be a later change's,
+    committed while this client lagged behind, and the events in between are judged by the
+    access at their moment (README, "Live feed")."""
+    store = state().store
+    who = await store.read(accounts.principal_of_key, client.who.key_pk)
     if who is None:
         client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
         return False
+    if change is not None and change.type == USER_CHANNELS_CHANGED and not who.is_owner:
+        channel_ids = json.loads(change.frame)["data"]["channelIds"]
+        then = await store.read(accounts.existing_channel_pks, who.account_pk, channel_ids)
+        who = attrs.evolve(who, channel_pks=then)
     client.who = who
     return True
 

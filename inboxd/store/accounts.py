@@ -99,6 +99,20 @@ def channel_pks_by_id(
     return pks
 
 
+def existing_channel_pks(
+    conn: sqlite3.Connection, account_pk: int, channel_ids: list[str]
+) -> frozenset[int]:
+    """The pks of those of the account's channels with these ids that exist."""
+    marks = ",".join("?" * len(channel_ids))
+    return frozenset(
+        int(r[0])
+        for r in conn.execute(
+            f"SELECT pk FROM channels WHERE account_pk = ? AND id IN ({marks})",
+            (account_pk, *channel_ids),
+        )
+    )
+
+
 def active_user_with_email(conn: sqlite3.Connection, account_pk: int, email: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM users WHERE account_pk = ? AND email = ? COLLATE NOCASE"
