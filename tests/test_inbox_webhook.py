@@ -13,9 +13,10 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from inboxd import daemon
-from inboxd.clock import SystemClock
+from inboxd.clock import SystemClock, TrioClock
 from inboxd.config import Config, InboxWebhookConfig
 from inboxd.store.db import Appended, Store
 from inboxd.webhooks import catalog, inbox
@@ -644,3 +645,58 @@ async def test_an_attempt_to_a_deleted_webhook_is_not_recorded_on_the_one_saved_
     # The attempt is in the account's log, not on the webhook saved after it.
     assert (now["url"], now["lastDeliveryAt"], now["lastDeliveryStatus"]) == (other.url, None, None)
     assert now["lastDeliveryError"] is None
+
+
+async def test_an_attempt_series_cut_short_by_a_stop_goes_on_after_the_start(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
+) -> None:
+    """Stopped between two attempts of one event, the daemon used to start the event over on
+    its start: attempt 1 again at once, under a new X-Svc-Delivery (so an event failing across
+    restarts was never given up). It now goes on with the series: the same delivery id, the
+    next attempt's number, when the schedule has it due (10 s after the first, with up to
+    20 % jitter)."""
+    clock = TrioClock()
+
+    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
+        await daemon.run(
+            seeded.data_dir,
+            config,
+            shutdown,
+            bind="127.0.0.1:0",
+            offload_store=False,
+            clock=clock,
+            task_status=task_status,
+        )
+
+    def client(url: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=url, headers=auth(seeded.owner_key), timeout=None, event_hooks=OPENAPI_HOOKS
+        )
+
+    async with running_receiver(certs) as receiver:
+        receiver.statuses.append(500)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with client(urls[0]) as c:
+                await save(c, receiver.url)
+                conv = await new_conversation(c, seeded)
+                await c.post(f"{CONV}/{conv}/block")
+                await receiver.wait_for(1)
+                with trio.fail_after(5):  # its record, well before the retry (10 s) is due
+                    while not (await c.get(f"{HOOK}/deliveries")).json()["deliveries"]:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+            stop.set()
+        assert len(receiver.requests) == 1
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            first, retry = await receiver.wait_for(2, within=60)
+            async with client(urls[0]) as c:
+                await recorded_outcomes(c, 2)
+                log = (await c.get(f"{HOOK}/deliveries")).json()["deliveries"]
+            stop.set()
+    assert json.loads(first.body)["id"] == json.loads(retry.body)["id"]
+    assert retry.headers["x-svc-delivery"] == first.headers["x-svc-delivery"]
+    assert 10 - 1e-6 <= retry.at - first.at <= 12.5
+    assert [(d["attempt"], d["outcome"]) for d in log] == [(2, "delivered"), (1, "failed")]

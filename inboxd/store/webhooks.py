@@ -182,6 +182,28 @@ class Attempt:
     webhook_created_at: int | None = None
 
 
+@attrs.frozen
+class SeriesSoFar:
+    """The attempts of an event's delivery made before the daemon last stopped."""
+
+    delivery_id: str
+    attempts: int  # how many were made (the last one failed)
+    last_at: int
+
+
+def series_so_far(conn: sqlite3.Connection, account_pk: int, event_seq: int) -> SeriesSoFar | None:
+    """The event's attempt series when a stop cut it short: its last recorded attempt failed
+    (neither delivered nor given up); else None."""
+    r = conn.execute(
+        "SELECT delivery_id, attempt, outcome, at FROM webhook_deliveries"
+        " WHERE event_seq = ? AND account_pk = ? ORDER BY pk DESC LIMIT 1",
+        (event_seq, account_pk),
+    ).fetchone()
+    if r is None or r["outcome"] != "failed":
+        return None
+    return SeriesSoFar(r["delivery_id"], int(r["attempt"]), int(r["at"]))
+
+
 def record_attempt(
     conn: sqlite3.Connection, account_pk: int, a: Attempt, redelivery_pk: int | None
 ) -> None:

@@ -98,6 +98,8 @@ class InboxWebhookDeliverer:
         self._unrecorded: list[tuple[webhooks.Attempt, int | None, trio.Event]] = []
         self._recorder_running = False
         self._nursery: trio.Nursery | None = None
+        # Whether the first event since the start was looked up for a series a stop cut short.
+        self._resumed = False
 
     def _on_journal(self, appended: list[Appended]) -> None:
         if self._hooked and any(a.account_pk == self._account_pk for a in appended):
@@ -126,6 +128,7 @@ class InboxWebhookDeliverer:
                         await self._deliver(item)
                 except Exception:
                     log.exception("inbox webhook delivery failed; retrying shortly")
+                    self._resumed = False  # the series under way may have been cut short
                     await trio.sleep(STORE_ERROR_BACKOFF)
 
     def _record(self, attempt: webhooks.Attempt, redelivery_pk: int | None) -> trio.Event:
@@ -165,12 +168,37 @@ class InboxWebhookDeliverer:
         finally:
             self._recorder_running = False
 
+    async def _resume(self, event_seq: int, attempts: int) -> tuple[str, int, float] | None:
+        """For the first event since the start: if a stop cut its attempt series short, that
+        series' delivery id, the next attempt's number and the seconds until it is due (as the
+        schedule has it from the last attempt; a Retry-After that came with it is not kept)."""
+        self._resumed = True
+        prior = await self._store.read(webhooks.series_so_far, self._account_pk, event_seq)
+        if prior is None:
+            return None
+        done = min(prior.attempts, attempts - 1)
+        delay = retry_delay(self._schedule, done, Outcome(None, None, 0.0), self._rng)
+        due_us = prior.last_at + round(delay * 1_000_000)
+        return prior.delivery_id, done + 1, max(0.0, (due_us - self._clock.now_us()) / 1_000_000)
+
     async def _deliver(self, work: webhooks.Work) -> None:
         event = work.event
         delivery_id = ids.new_id("dlv")
         attempts = len(self._schedule) + 1
-        for attempt in range(1, attempts + 1):
+        first, wait = 1, 0.0
+        if work.redelivery_pk is None and not self._resumed:
+            # A stop between two attempts: go on with that series (its id, its count, its
+            # schedule), not a new one that would start from attempt 1 at once.
+            resumed = await self._resume(event.seq, attempts)
+            if resumed is not None:
+                delivery_id, first, wait = resumed
+        for attempt in range(first, attempts + 1):
             config = self._config.version
+            if wait > 0:
+                # (As between attempts: a saved, rotated or deleted webhook ends the wait.)
+                with trio.move_on_after(wait):
+                    await self._config.wait_past(config)
+                wait = 0.0
             # The first attempt goes out with what next_work just read; a retry, minutes later,
             # reads the webhook again (its URL or secret may have changed meanwhile).
             hook: webhooks.InboxWebhook | None = work.hook
