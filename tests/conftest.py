@@ -139,6 +139,33 @@ def client_timeout() -> httpx.Timeout:
 OPENAPI_HOOKS: dict[str, list[Any]] = {"response": [check_response_hook]}
 
 
+def restartable_daemon(seeded: Seed, config: Config) -> Any:
+    """``run(shutdown, task_status)`` for a test that stops the daemon and starts it again
+    (``await nursery.start(run, shutdown)`` answers its URLs): the store's SQL on the trio
+    thread (MockClock) and one wall clock across its runs, as the real one would be."""
+    clock = TrioClock()
+
+    async def run(shutdown: trio.Event, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await daemon.run(
+            seeded.data_dir,
+            config,
+            shutdown,
+            bind="127.0.0.1:0",
+            offload_store=False,
+            clock=clock,
+            task_status=task_status,
+        )
+
+    return run
+
+
+def owner_client(url: str, seeded: Seed) -> httpx.AsyncClient:
+    """A client with the owner's key for a daemon a test started itself (no timeout: MockClock)."""
+    return httpx.AsyncClient(
+        base_url=url, headers=auth(seeded.owner_key), timeout=None, event_hooks=OPENAPI_HOOKS
+    )
+
+
 @pytest.fixture
 async def owner(base_url: str, seeded: Seed) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(

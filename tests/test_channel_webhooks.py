@@ -18,10 +18,15 @@ import pytest
 import trio
 import trio.testing
 
-from inboxd import daemon
-from inboxd.clock import TrioClock
 from inboxd.config import Config
-from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, webhook_config
+from tests.conftest import (
+    Seed,
+    auth,
+    ingest,
+    owner_client,
+    restartable_daemon,
+    webhook_config,
+)
 from tests.openapi_check import check_webhook_request
 from tests.receiver import Certs, Receiver, running_receiver
 
@@ -406,44 +411,34 @@ async def test_a_hanging_url_never_delays_a_working_one(
     assert s["lastError"] == "timeout"
 
 
+async def pause_and_stop(run_daemon: Any, seeded: Seed, receiver: Receiver) -> dict[str, Any]:
+    """One run of a ``restartable_daemon``: the receiver's URL saved and failing on everything,
+    a message sent, the URL paused, the daemon stopped. The URL's settings when it paused."""
+    receiver.default_status = 503
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(run_daemon, stop)
+        async with owner_client(urls[0], seeded) as c:
+            await save_urls(c, seeded.sales_id, receiver.url)
+            await send(c, seeded, "x")
+            paused = await until(c, seeded.sales_id, receiver.url, state="paused")
+        stop.set()
+    return paused
+
+
 async def test_restart_mid_pause_keeps_the_probe_deadline(
     autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
 ) -> None:
-    clock = TrioClock()  # one wall clock across both runs, as the real one would be
-
-    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
-        await daemon.run(
-            seeded.data_dir,
-            config,
-            shutdown,
-            bind="127.0.0.1:0",
-            offload_store=False,
-            clock=clock,
-            task_status=task_status,
-        )
-
+    run_daemon = restartable_daemon(seeded, config)
     async with running_receiver(certs) as receiver:
-        receiver.default_status = 503
-        first_stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            urls = await nursery.start(run_daemon, first_stop)
-            async with httpx.AsyncClient(
-                base_url=urls[0],
-                headers=auth(seeded.owner_key),
-                timeout=None,
-                event_hooks=OPENAPI_HOOKS,
-            ) as c:
-                await save_urls(c, seeded.sales_id, receiver.url)
-                await send(c, seeded, "x")
-                paused = await until(c, seeded.sales_id, receiver.url, state="paused")
-            first_stop.set()
+        paused = await pause_and_stop(run_daemon, seeded, receiver)
         paused_attempts = len(receiver.requests)
         pausing_attempt = receiver.requests[-1]
         await trio.sleep(5 * MIN)  # the daemon is down for 5 minutes
         restarted_at = trio.current_time()
         second_stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            urls = await nursery.start(run_daemon, second_stop)
+            await nursery.start(run_daemon, second_stop)
             probe = (await receiver.wait_for(paused_attempts + 1, within=HOUR))[-1]
             second_stop.set()
     # Probed 15 minutes after the pause (about 10 after the restart), not 15 after the restart.
@@ -511,41 +506,16 @@ async def test_probes_missed_while_the_daemon_was_stopped_go_out_one_at_a_time(
     """Stopped through all three probe times, the daemon used to send the three probes back to
     back on its start and disable the URL within a second. It now probes once on the start and
     keeps the schedule's gaps (45 min, then 5 h) for the other two."""
-    clock = TrioClock()
-
-    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
-        await daemon.run(
-            seeded.data_dir,
-            config,
-            shutdown,
-            bind="127.0.0.1:0",
-            offload_store=False,
-            clock=clock,
-            task_status=task_status,
-        )
-
-    def client(url: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=url, headers=auth(seeded.owner_key), timeout=None, event_hooks=OPENAPI_HOOKS
-        )
-
+    run_daemon = restartable_daemon(seeded, config)
     async with running_receiver(certs) as receiver:
-        receiver.default_status = 503
-        stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            urls = await nursery.start(run_daemon, stop)
-            async with client(urls[0]) as c:
-                await save_urls(c, seeded.sales_id, receiver.url)
-                await send(c, seeded, "x")
-                await until(c, seeded.sales_id, receiver.url, state="paused")
-            stop.set()
+        await pause_and_stop(run_daemon, seeded, receiver)
         paused_attempts = len(receiver.requests)
         await trio.sleep(7 * HOUR)  # stopped through all three probe times
         restarted = trio.current_time()
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(run_daemon, stop)
-            async with client(urls[0]) as c:
+            async with owner_client(urls[0], seeded) as c:
                 await trio.sleep(5 * MIN)
                 early = await url_settings(c, seeded.sales_id, receiver.url)
                 await until(c, seeded.sales_id, receiver.url, state="disabled")
@@ -561,30 +531,14 @@ async def test_a_delivering_urls_owed_message_survives_a_stop_longer_than_the_re
 ) -> None:
     """``backlog_retention`` bounds what a paused URL keeps. A delivering URL in the middle of
     a failure episode when the daemon stopped for longer used to lose the message silently."""
-    clock = TrioClock()
-
-    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
-        await daemon.run(
-            seeded.data_dir,
-            config,
-            shutdown,
-            bind="127.0.0.1:0",
-            offload_store=False,
-            clock=clock,
-            task_status=task_status,
-        )
-
-    def client(url: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=url, headers=auth(seeded.owner_key), timeout=None, event_hooks=OPENAPI_HOOKS
-        )
+    run_daemon = restartable_daemon(seeded, config)
 
     async with running_receiver(certs) as receiver:
         receiver.statuses += [503]
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(run_daemon, stop)
-            async with client(urls[0]) as c:
+            async with owner_client(urls[0], seeded) as c:
                 await save_urls(c, seeded.sales_id, receiver.url)
                 await send(c, seeded, "m0")
                 await receiver.wait_for(1)  # failed; its retry is due in 10 s
@@ -594,7 +548,7 @@ async def test_a_delivering_urls_owed_message_survives_a_stop_longer_than_the_re
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(run_daemon, stop)
-            async with client(urls[0]) as c:
+            async with owner_client(urls[0], seeded) as c:
                 s = await until(c, seeded.sales_id, receiver.url, failureCount=0, backlog=0)
             stop.set()
     assert [json.loads(r.body)["data"]["content"] for r in receiver.requests] == ["m0", "m0"]

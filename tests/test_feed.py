@@ -363,8 +363,9 @@ async def test_a_key_revoked_by_the_cli_closes_its_socket_soon(
 
 
 def hold_the_replay(monkeypatch: pytest.MonkeyPatch) -> tuple[trio.Event, trio.Event]:
-    """Hold a replay at its first event until ``go`` (the daemon runs in this process): what a
-    backlog of thousands of events does in real use, made exact. Returns (reached, go)."""
+    """Hold a client's first event (replayed or live) until ``go`` (the daemon runs in this
+    process): what a backlog of thousands of events or a slow reader does in real use, made
+    exact. Returns (reached, go)."""
     reached, go = trio.Event(), trio.Event()
     allowed = feed_api._allowed
 
@@ -508,16 +509,7 @@ async def test_a_lagging_client_judges_each_event_by_the_access_at_its_moment(
     message arrives and she gets Support back. Reaching her removal, the task used to read her
     access as it was by then (Support again) and send her the message of the time she could
     not open Support."""
-    reached, go = trio.Event(), trio.Event()
-    allowed = feed_api._allowed
-
-    async def held(client: Any, event: Any) -> bool:
-        if not reached.is_set():
-            reached.set()
-            await go.wait()
-        return await allowed(client, event)
-
-    monkeypatch.setattr(feed_api, "_allowed", held)
+    reached, go = hold_the_replay(monkeypatch)
     members = (await owner.get("/api/v1/inbox/team/members")).json()
     ann = next(m for m in members if m["userId"] == seeded.ann_id)
     channels = f"/api/v1/inbox/team/members/{ann['memberId']}/channels"

@@ -16,11 +16,20 @@ import trio
 import trio.testing
 
 from inboxd import daemon
-from inboxd.clock import SystemClock, TrioClock
+from inboxd.clock import SystemClock
 from inboxd.config import Config, InboxWebhookConfig
 from inboxd.store.db import Appended, Store
 from inboxd.webhooks import catalog, inbox
-from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, seed_store, webhook_config
+from tests.conftest import (
+    OPENAPI_HOOKS,
+    Seed,
+    auth,
+    ingest,
+    owner_client,
+    restartable_daemon,
+    seed_store,
+    webhook_config,
+)
 from tests.receiver import Certs, Receiver, running_receiver
 
 HOOK = "/api/v1/inbox/webhook"
@@ -655,30 +664,14 @@ async def test_an_attempt_series_cut_short_by_a_stop_goes_on_after_the_start(
     restarts was never given up). It now goes on with the series: the same delivery id, the
     next attempt's number, when the schedule has it due (10 s after the first, with up to
     20 % jitter)."""
-    clock = TrioClock()
-
-    async def run_daemon(shutdown: trio.Event, task_status: Any) -> None:
-        await daemon.run(
-            seeded.data_dir,
-            config,
-            shutdown,
-            bind="127.0.0.1:0",
-            offload_store=False,
-            clock=clock,
-            task_status=task_status,
-        )
-
-    def client(url: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=url, headers=auth(seeded.owner_key), timeout=None, event_hooks=OPENAPI_HOOKS
-        )
+    run_daemon = restartable_daemon(seeded, config)
 
     async with running_receiver(certs) as receiver:
         receiver.statuses.append(500)
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(run_daemon, stop)
-            async with client(urls[0]) as c:
+            async with owner_client(urls[0], seeded) as c:
                 await save(c, receiver.url)
                 conv = await new_conversation(c, seeded)
                 await c.post(f"{CONV}/{conv}/block")
@@ -692,7 +685,7 @@ async def test_an_attempt_series_cut_short_by_a_stop_goes_on_after_the_start(
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(run_daemon, stop)
             first, retry = await receiver.wait_for(2, within=60)
-            async with client(urls[0]) as c:
+            async with owner_client(urls[0], seeded) as c:
                 await recorded_outcomes(c, 2)
                 log = (await c.get(f"{HOOK}/deliveries")).json()["deliveries"]
             stop.set()

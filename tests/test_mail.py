@@ -16,8 +16,8 @@ from inboxd import daemon, mailer
 from inboxd.clock import TrioClock
 from inboxd.config import Config, LimitsConfig, MailConfig, WebhooksConfig
 from inboxd.store.db import Store
-from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest
-from tests.receiver import make_certs, running_receiver
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, owner_client, restartable_daemon
+from tests.receiver import Certs, make_certs, running_receiver
 from tests.test_team import TEAM, token_of
 
 
@@ -151,15 +151,20 @@ def down_port() -> int:
     return free_port()  # nothing listens here until the test starts a server
 
 
+def mail_via(smtp_port: int, certs: Certs) -> Config:
+    """A daemon's config that mails through this port and delivers webhooks to test receivers."""
+    return Config(
+        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
+        mail=MailConfig(smtp_host="127.0.0.1", smtp_port=smtp_port),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+
+
 async def test_a_mail_server_that_is_down_delays_only_the_mail(
     autojump_clock: Any, tmp_path: Any, seeded: Seed, down_port: int
 ) -> None:
     certs = make_certs(tmp_path / "tls")
-    config = Config(
-        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
-        mail=MailConfig(smtp_host="127.0.0.1", smtp_port=down_port),
-        limits=LimitsConfig(requests_per_second=0),
-    )
+    config = mail_via(down_port, certs)
     stop = trio.Event()
     async with running_receiver(certs) as receiver, trio.open_nursery() as nursery:
         urls = await nursery.start(
@@ -212,33 +217,12 @@ async def test_a_notice_waiting_for_the_mail_server_is_not_sent_after_the_owner_
     mailer did retry)."""
     down_port = free_port()
     certs = make_certs(tmp_path / "tls")
-    config = Config(
-        webhooks=WebhooksConfig(ca_file=str(certs.ca_file), allow_private_hosts=True),
-        mail=MailConfig(smtp_host="127.0.0.1", smtp_port=down_port),
-        limits=LimitsConfig(requests_per_second=0),
-    )
+    config = mail_via(down_port, certs)
     stop = trio.Event()
     inbox = Inbox()
-
-    async def run_daemon(task_status: Any) -> None:
-        await daemon.run(
-            seeded.data_dir,
-            config,
-            stop,
-            bind="127.0.0.1:0",
-            offload_store=False,
-            clock=TrioClock(),
-            task_status=task_status,
-        )
-
     async with running_receiver(certs) as receiver, trio.open_nursery() as nursery:
-        urls = await nursery.start(run_daemon)
-        async with httpx.AsyncClient(
-            base_url=urls[0],
-            headers=auth(seeded.owner_key),
-            timeout=None,
-            event_hooks=OPENAPI_HOOKS,
-        ) as owner:
+        urls = await nursery.start(restartable_daemon(seeded, config), stop)
+        async with owner_client(urls[0], seeded) as owner:
             channel = seeded.sales_id
             saved = await owner.post(
                 f"/api/v1/channels/{channel}/webhook", json={"urls": [receiver.url]}
