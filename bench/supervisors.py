@@ -61,7 +61,7 @@ def build(data_dir: Path, urls: int, channels: int, paused_share: float) -> None
                     f"https://hook{c}-{i}.example.com/in"
                     for i in range(min(per_channel, urls - made))
                 ]
-                cw.replace_urls(conn, channel.pk, batch, now)
+                cw.replace_urls(conn, channel.pk, batch, now, 0)  # (new URLs: nothing kept)
                 made += len(batch)
                 if made >= urls:
                     break
