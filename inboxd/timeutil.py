@@ -7,6 +7,7 @@ digits (CONTRACT section 2); inputs accept any ISO 8601 date-time that carries a
 
 from __future__ import annotations
 
+import calendar
 import datetime as dt
 import functools
 import re
@@ -74,21 +75,28 @@ class OutOfRange(BadTimestamp):
     instants as microseconds from the epoch, and the wire writes years with four digits."""
 
 
+class _PastTheEnd(Exception):
+    """A valid ISO date after 9999-12-31 (week 52 or 53 of 9999 ending in 10000)."""
+
+
 def _date(text: str) -> dt.date:
-    """The date part of ``ISO_DATE_TIME``: calendar, week or ordinal, extended or basic."""
+    """The date part of ``ISO_DATE_TIME``: calendar, week or ordinal, extended or basic.
+    ValueError for a date that does not exist; _PastTheEnd for one after 9999-12-31."""
     year = int(text[:4])
     rest = text[4:].lstrip("-")
     if rest.startswith("W"):  # week date: Www-D or WwwD
-        week, weekday = rest[1:].replace("-", "")[:2], rest[-1]
-        return dt.date.fromisocalendar(year, int(week), int(weekday))
+        week, weekday = int(rest[1:].replace("-", "")[:2]), int(rest[-1])
+        weeks = 53 if dt.date(year, 12, 28).isocalendar().week == 53 else 52
+        if not (1 <= week <= weeks and 1 <= weekday <= 7):
+            raise ValueError(f"{year} has no day {weekday} of week {week}")
+        if year == dt.MAXYEAR and (week, weekday) > dt.date(year, 12, 31).isocalendar()[1:]:
+            raise _PastTheEnd(text)
+        return dt.date.fromisocalendar(year, week, weekday)
     if len(rest) == 3:  # ordinal date: the day of the year
         day_of_year = int(rest)
-        if day_of_year < 1:
-            raise ValueError("day of the year 0")
-        date = dt.date(year, 1, 1) + dt.timedelta(days=day_of_year - 1)
-        if date.year != year:
+        if not 1 <= day_of_year <= (366 if calendar.isleap(year) else 365):
             raise ValueError(f"{year} has no day {day_of_year}")
-        return date
+        return dt.date(year, 1, 1) + dt.timedelta(days=day_of_year - 1)
     digits = rest.replace("-", "")
     return dt.date(year, int(digits[:2]), int(digits[2:]))
 
@@ -123,7 +131,11 @@ def parse_iso(text: str, *, bounded: bool = True) -> tuple[int, str]:
         base = dt.datetime.fromisoformat(
             f"{day.isoformat()}T{clock[:2]}:{clock[2:4] or '00'}:{clock[4:] or '00'}{tz}"
         )
-    except ValueError as exc:
+    except _PastTheEnd:
+        if bounded:
+            raise OutOfRange(f"{text!r} is outside 1970-01-01 to 9999-12-31 UTC") from None
+        return MAX_US + 1, ""
+    except (ValueError, OverflowError) as exc:
         raise BadTimestamp(f"{text!r} is not a valid date-time") from exc
     extra = ""
     if len(clock) == 6:  # a fraction of seconds: the first six digits are microseconds

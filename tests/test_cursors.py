@@ -104,9 +104,21 @@ def test_cursors_beyond_what_the_store_holds_are_bounds_not_errors() -> None:
     assert cursors.decode("1969-12-31T23:59:59.999999Z") == (0, 0)
     assert cursors.decode("0001-01-01T00:00:00Z") == (0, 0)
     assert cursors.decode("9999-12-31T23:59:59-01:00") == (253_402_300_799_999_999, 2**63 - 1)
-    for text in ("1969-12-31T23:59:59Z", "9999-12-31T23:59:59-01:00"):
+    # A week date in week 52 of 9999 can fall in 10000: past the end, not an error.
+    assert cursors.decode("9999-W52-6T00Z") == (253_402_300_799_999_999, 2**63 - 1)
+    for text in ("1969-12-31T23:59:59Z", "9999-12-31T23:59:59-01:00", "9999-W52-6T00Z"):
         with pytest.raises(BadTimestamp, match="outside 1970-01-01"):
             parse_instant(text)
+    # Days that do not exist are not dates (day 366 of 9999 crashed the parser: a 500).
+    for text in (
+        "9999-366T00:00Z",
+        "9999366T00Z",
+        "2023-366T00Z",
+        "2021-W53-1T00Z",
+        "0000-001T00Z",
+    ):
+        with pytest.raises(BadTimestamp, match="not a valid date-time"):
+            cursors.decode(text)
 
 
 def test_parse_instant_accepts_offsets() -> None:

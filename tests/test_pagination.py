@@ -239,9 +239,12 @@ async def test_http_cursors_in_any_iso_form_and_beyond_the_stored_range(
     before = await owner.get(conversations, params={"cursor": "1969-12-31T23:59:59Z"})
     assert before.status_code == 200, before.text
     assert before.json()["data"] == []
-    after = await owner.get(conversations, params={"cursor": "9999-12-31T23:59:59-01:00"})
-    assert after.status_code == 200, after.text
-    assert len(after.json()["data"]) == 2
+    for past_the_end in ("9999-12-31T23:59:59-01:00", "9999-W52-6T00Z"):
+        after = await owner.get(conversations, params={"cursor": past_the_end})
+        assert after.status_code == 200, after.text
+        assert len(after.json()["data"]) == 2
+    no_such_day = await owner.get(conversations, params={"cursor": "9999-366T00:00Z"})
+    assert no_such_day.status_code == 400  # (it was a 500)
     conversation_id = after.json()["data"][0]["id"]
     history = f"{conversations}/{conversation_id}/messages"
     assert (await owner.get(history, params={"cursor": "1900-01-01T00:00:00Z"})).json() == {
