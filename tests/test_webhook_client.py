@@ -45,6 +45,8 @@ from tests.receiver import Certs, make_certs, running_receiver
         "https://[2002:7f00:1::1]/x",
         "https://[2002:a01:203::1]/x",
         "https://[64:ff9b::7f00:1]/x",
+        "https://[::ffff:0:7f00:1]/x",
+        "https://[64:ff9b:1::808:808]/x",
     ],
 )
 def test_private_hosts_are_refused_unless_allowed(url: str) -> None:

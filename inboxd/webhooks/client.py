@@ -44,17 +44,24 @@ def invalid_url(message: str) -> Unprocessable:
 
 
 # IPv6 ranges whose addresses carry an IPv4 address in their last 32 bits, which decides:
-# IPv4-compatible (::a.b.c.d, deprecated; also :: and ::1) and NAT64 (64:ff9b::/96).
-_CARRIES_IPV4: Final = (ipaddress.IPv6Network("::/96"), ipaddress.IPv6Network("64:ff9b::/96"))
+# IPv4-compatible (::a.b.c.d, deprecated; also :: and ::1), IPv4-translated (::ffff:0:a.b.c.d,
+# RFC 2765) and the well-known NAT64 prefix (64:ff9b::/96, RFC 6052).
+_CARRIES_IPV4: Final = (
+    ipaddress.IPv6Network("::/96"),
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),
+    ipaddress.IPv6Network("64:ff9b::/96"),
+)
+# Local-use NAT64 (RFC 8215): translates to whatever the local network routes, never global.
+_LOCAL_NAT64: Final = ipaddress.IPv6Network("64:ff9b:1::/48")
 
 
 def _address_allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """Whether a webhook may be sent to ``ip``: a global unicast address. Python 3.11's
     ``is_global`` calls deprecated site-local IPv6 (fec0::/10) and addresses that only wrap an
     IPv4 one (::127.0.0.1, 2002:7f00:1::, 64:ff9b::7f00:1) global: those are judged by the
-    IPv4 address inside, and site-local is refused."""
+    IPv4 address inside, and site-local and local-use NAT64 are refused."""
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.is_site_local:
+        if ip.is_site_local or ip in _LOCAL_NAT64:
             return False
         if ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
