@@ -369,11 +369,11 @@ def hold_the_replay(monkeypatch: pytest.MonkeyPatch) -> tuple[trio.Event, trio.E
     reached, go = trio.Event(), trio.Event()
     allowed = feed_api._allowed
 
-    async def held(client: Any, event: Any) -> bool:
+    async def held(client: Any, event: Any, **how: Any) -> bool:
         if not reached.is_set():
             reached.set()
             await go.wait()
-        return await allowed(client, event)
+        return await allowed(client, event, **how)
 
     monkeypatch.setattr(feed_api, "_allowed", held)
     monkeypatch.setattr(feed_api, "REPLAY_BATCH", 2)
@@ -528,3 +528,25 @@ async def test_a_lagging_client_judges_each_event_by_the_access_at_its_moment(
     # (inbox.user.* events go to owner keys only: her own removal's event is not hers.)
     assert frame["type"] == "inbox.message.created"
     assert frame["data"]["content"] == "after she got it back"
+
+
+async def test_a_replay_shows_what_the_key_can_open_now_like_the_rest_events(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    """README: the replay, like ``GET /events``, shows the events of the channels the key can
+    open when it runs. Judging live events by the access at their moment must not make the
+    replay follow the member's past changes (found in review: it sent a channel taken away)."""
+    members = (await owner.get("/api/v1/inbox/team/members")).json()
+    bob = next(m for m in members if m["userId"] == seeded.bob_id)
+    channels = f"/api/v1/inbox/team/members/{bob['memberId']}/channels"
+    both = [seeded.sales_id, seeded.support_id]
+    assert (await owner.put(channels, json={"channelIds": both})).status_code == 200
+    await ingest(owner, seeded.support_id, "15550002", content="support while bob had it")
+    assert (await owner.put(channels, json={"channelIds": [seeded.sales_id]})).status_code == 200
+    await ingest(owner, seeded.sales_id, "15550003", content="sales marker")
+    rest = (await owner.get("/api/v1/inbox/events", headers=auth(seeded.bob_key))).json()
+    assert [e["data"].get("content") for e in rest["events"]] == ["sales marker"]
+    async with feed(base_url, seeded.bob_key, since=0) as ws:
+        (replayed,) = await frames(ws, 1)
+        await nothing_more(ws)
+    assert replayed["data"]["content"] == "sales marker"

@@ -136,8 +136,12 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
         await websocket.send(event.frame)
 
 
-async def _allowed(client: FeedClient, event: FeedEvent) -> bool:
-    if concerns_user(event, client.who.user_id) and not await _refresh(client, event):
+async def _allowed(client: FeedClient, event: FeedEvent, *, live: bool = True) -> bool:
+    """Whether to send ``event``. A live one is judged by the access its user had when it
+    happened; a replayed one, like ``GET /events``, by the access the key has now (README)."""
+    if concerns_user(event, client.who.user_id) and not await _refresh(
+        client, event if live else None
+    ):
         return False
     return visible(client.who, event)
 
@@ -186,7 +190,7 @@ async def _replay(client: FeedClient, since: int) -> int:
         batch = await store.read(events.read_after, client.who.account_pk, last, REPLAY_BATCH)
         for journal_event in batch:
             event = from_journal(journal_event, client.who.account_pk)
-            if await _allowed(client, event):
+            if await _allowed(client, event, live=False):
                 await websocket.send(event.frame)
             if client.close_code is not None:
                 return last
