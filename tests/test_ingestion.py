@@ -101,6 +101,11 @@ async def test_same_external_id_returns_stored_message_with_200_and_changes_noth
         "/api/v1/messaging/messages", json={**body, "channelId": seeded.support_id}
     )
     assert other.status_code == 201
+    # An empty one is refused: stored, it made every later "" of the channel (another
+    # contact's message too) a repeat of the first, answered with the first.
+    empty = await owner.post("/api/v1/messaging/messages", json={**body, "externalId": ""})
+    assert empty.status_code == 400
+    assert empty.json()["error"]["message"].startswith("externalId must not be empty")
 
 
 async def test_sent_at_sets_created_at_and_late_older_message_never_moves_last_message_back(
@@ -210,6 +215,30 @@ async def test_status_updates_set_times_and_never_go_backwards(
     assert types.count("inbox.message.status_changed") == 2  # the late DELIVERED changed nothing
     failed = (await owner.post(url, json={"status": "FAILED"})).json()
     assert failed["status"] == "FAILED"
+
+
+async def test_a_status_report_sets_sent_at_only_for_an_outbound_message_sent_now(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    """CONTRACT section 5: a report sets the status and the matching deliveredAt / readAt. An
+    inbound message's sentAt is the customer's: READ used to stamp it with the read time."""
+    inbound = await ingest(owner, seeded.sales_id, "15550001", content="hi")
+    read = await owner.post(
+        f"/api/v1/messaging/messages/{inbound['id']}/status", json={"status": "READ"}
+    )
+    assert read.status_code == 200
+    assert read.json()["sentAt"] is None and read.json()["readAt"] is not None
+    outbound = await ingest(owner, seeded.sales_id, "15550001", direction="OUTBOUND", content="yo")
+    url = f"/api/v1/messaging/messages/{outbound['id']}/status"
+    delivered = (await owner.post(url, json={"status": "DELIVERED"})).json()
+    assert delivered["sentAt"] is None  # when it was sent is not known
+    later = await ingest(owner, seeded.sales_id, "15550001", direction="OUTBOUND", content="yo")
+    sent = (
+        await owner.post(
+            f"/api/v1/messaging/messages/{later['id']}/status", json={"status": "SENT"}
+        )
+    ).json()
+    assert sent["sentAt"] is not None and sent["deliveredAt"] is None
 
 
 async def test_read_clears_unread_and_journals_once(

@@ -7,6 +7,7 @@ one transaction; forwarding to webhooks and the live feed reads them from the jo
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 from quart import Blueprint, Response
@@ -88,12 +89,21 @@ def parse_new_message(body: dict[str, Any]) -> messages.NewMessage:
         thumbnail_url=field(body, "thumbnailUrl", str, max_len=MAX_URL),
         template_name=field(body, "templateName", str, max_len=MAX_SHORT),
         template_language=field(body, "templateLanguage", str, max_len=MAX_TEMPLATE_LANGUAGE),
-        external_id=field(body, "externalId", str, max_len=MAX_SHORT),
+        external_id=_external_id(body),
         sent_at=field_instant(body, "sentAt"),
         quoted_message_id=field(body, "quotedMessageId", str, max_len=MAX_SHORT),
         latitude=_range(body, "latitude", -90, 90),
         longitude=_range(body, "longitude", -180, 180),
     )
+
+
+def _external_id(body: Mapping[str, Any]) -> str | None:
+    """The messaging API's id of the message, which deduplicates it: an empty one would make
+    every later message of the channel that also sends "" a repeat of the first."""
+    external_id: str | None = field(body, "externalId", str, max_len=MAX_SHORT)
+    if external_id == "":
+        raise InvalidRequest("externalId must not be empty (leave it out when there is none)")
+    return external_id
 
 
 @blueprint.post("/messages")

@@ -441,7 +441,7 @@ def messaging_operations() -> list[Entry]:
         "thumbnailUrl": string(**url),
         "templateName": string(**short),
         "templateLanguage": string(maxLength=messaging.MAX_TEMPLATE_LANGUAGE),
-        "externalId": string("the same one again returns the stored message", **short),
+        "externalId": string("the same one again returns the stored message", minLength=1, **short),
         "sentAt": string("any ISO 8601 date-time with an offset", pattern=ISO_DATE_TIME_SCHEMA),
         "quotedMessageId": string("a message of the same channel", **short),
         "latitude": number(minimum=-90, maximum=90),

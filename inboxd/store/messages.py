@@ -519,8 +519,8 @@ def set_status(
 ) -> Message:
     """Record a delivery status; journal ``inbox.message.status_changed`` if anything changed."""
     row = conn.execute(
-        "SELECT pk, channel_pk, conversation_pk, is_system, status, sent_at, delivered_at, read_at"
-        " FROM messages WHERE id = ? AND account_pk = ?",
+        "SELECT pk, channel_pk, conversation_pk, is_system, direction, status, sent_at,"
+        " delivered_at, read_at FROM messages WHERE id = ? AND account_pk = ?",
         (message_id, who.account_pk),
     ).fetchone()
     if row is None or not who.can_open(row["channel_pk"]):
@@ -533,7 +533,9 @@ def set_status(
         new = old
     sent_at, delivered_at, read_at = row["sent_at"], row["delivered_at"], row["read_at"]
     rank = _STATUS_RANK.get(status, -1)
-    if rank >= _STATUS_RANK["SENT"] and sent_at is None:
+    # sentAt is when the message was sent: an outbound one's SENT report says so now; an
+    # inbound one's is the customer's time, and a later status is no news of it.
+    if status == "SENT" and row["direction"] == OUTBOUND and sent_at is None:
         sent_at = now
     if rank >= _STATUS_RANK["DELIVERED"] and delivered_at is None:
         delivered_at = now
