@@ -24,7 +24,7 @@ from inboxd.config import Config, ConfigError, parse_bind
 from inboxd.errors import InboxError, StoreError
 from inboxd.model import MAX_EMAIL, MAX_NAME, email_address
 from inboxd.store import accounts
-from inboxd.store.db import Store, store_exists
+from inboxd.store.db import Store, db_path, store_exists
 from inboxd.store.schema import MIGRATIONS
 from inboxd.timeutil import now_us
 
@@ -155,6 +155,19 @@ def _name(text: str) -> str:
     return name
 
 
+MAX_CHANNEL_TYPE = 32
+
+
+def _channel_type(text: str) -> str:
+    """A channel's type (WHATSAPP, ...): served as every conversation's ``channelType``."""
+    kind = text.strip()
+    if not (1 <= len(kind) <= MAX_CHANNEL_TYPE and kind.isprintable()):
+        raise argparse.ArgumentTypeError(
+            f"a channel type must be 1 to {MAX_CHANNEL_TYPE} printable characters"
+        )
+    return kind
+
+
 def _email(text: str) -> str:
     """An operator's email, checked as the invite endpoint checks it."""
     email = email_address(text)
@@ -264,6 +277,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
     out = Path(args.out_file).expanduser()
     if out.is_dir():
         raise UsageError(f"{out} is a directory; name the backup file")
+    live = db_path(_data_dir(args)).resolve()
+    if out.resolve() in {live, *(live.with_name(live.name + end) for end in ("-wal", "-shm"))}:
+        # Replacing the file a running daemon writes to would lose what it commits after.
+        raise UsageError(f"{out} is the store itself; name a file outside it")
     store = _open(args, allow_older=True)  # the backup before an upgrade is of the old store
     tmp = out.with_name(out.name + ".partial")
     show = sys.stderr.isatty()
@@ -312,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = with_data(channel.add_parser("add", help="add a channel; prints it as JSON"))
     p.add_argument("--name", required=True, type=_name)
-    p.add_argument("--type", default="WHATSAPP", help="channel type (default WHATSAPP)")
+    p.add_argument(
+        "--type", default="WHATSAPP", type=_channel_type, help="channel type (default WHATSAPP)"
+    )
     handler(p, cmd_channel_add)
     handler(with_data(channel.add_parser("list", help="list channels")), cmd_channel_list)
 

@@ -8,6 +8,7 @@ error, so a typo in a config file is reported instead of silently ignored.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -50,8 +51,16 @@ def _kind(kind: str) -> dict[str, str]:
 Check = Any  # an attrs validator: (instance, attribute, value) -> None
 
 
+def _finite(attribute: attrs.Attribute[Any], value: float) -> None:
+    """TOML and the environment's numbers (float()) read nan and inf; NaN passes every range
+    check by failing its comparison (a nan rate turned the rate limit off)."""
+    if not math.isfinite(value):
+        raise ValueError(f"{_key(attribute)} must be a finite number, not {value!r}")
+
+
 def _at_least(low: float) -> Check:
     def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+        _finite(attribute, value)
         if value < low:
             raise ValueError(f"{_key(attribute)} must be at least {low:g}, not {value!r}")
 
@@ -60,6 +69,7 @@ def _at_least(low: float) -> Check:
 
 def _more_than(low: float) -> Check:
     def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+        _finite(attribute, value)
         if value <= low:
             raise ValueError(f"{_key(attribute)} must be more than {low:g}, not {value!r}")
 
@@ -298,6 +308,8 @@ def _from_env(kind: str, text: str) -> Any:
 def parse_bind(bind: str) -> tuple[str, int]:
     """``"127.0.0.1:8080"`` or ``"[::1]:8080"`` -> (host, port)."""
     host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not port.isascii() or not port.isdigit() or not host:
         raise ConfigError(f"bind address {bind!r} is not HOST:PORT")
+    if not 1 <= int(port) <= 65535:
+        raise ConfigError(f"bind address {bind!r}: the port must be 1 to 65535")
     return host.strip("[]"), int(port)

@@ -62,6 +62,15 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
         ["user", "add", "--data", str(tmp_path), "--email", "a@example.com", "--name", ""],
         ["init", "--data", str(tmp_path), "--owner-email", "  not an email  "],
         ["init", "--data", str(tmp_path), "--owner-email", "a@example.com", "--owner-name", " "],
+        # A channel's type is served as channelType: never empty, never a page long.
+        ["channel", "add", "--data", str(tmp_path), "--name", "S", "--type", " "],
+        ["channel", "add", "--data", str(tmp_path), "--name", "S", "--type", "T" * 33],
+        # A port the OS cannot bind is the command line's error, named before anything starts.
+        ["serve", "--data", str(tmp_path), "--bind", "127.0.0.1:99999"],
+        ["serve", "--data", str(tmp_path), "--bind", "127.0.0.1:0"],
+        # A backup onto the store it copies would replace the file a running daemon writes to.
+        ["backup", "--data", str(tmp_path), str(tmp_path / "inboxd.db")],
+        ["backup", "--data", str(tmp_path), str(tmp_path / "inboxd.db-wal")],
     ]
     for args in (
         ["frobnicate"],
@@ -107,6 +116,11 @@ def test_other_errors_exit_1_with_one_line(tmp_path: Path) -> None:
     assert bad_bind.returncode == 1
     assert (
         bad_bind.stderr.strip() == "inboxd: server.bind: bind address 'nonsense' is not HOST:PORT"
+    )
+    bad_port = inboxd("serve", "--data", data, env={**ENV, "INBOXD_SERVER_BIND": "127.0.0.1:70000"})
+    assert bad_port.returncode == 1
+    assert bad_port.stderr.strip() == (
+        "inboxd: server.bind: bind address '127.0.0.1:70000': the port must be 1 to 65535"
     )
 
 

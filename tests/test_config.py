@@ -84,6 +84,10 @@ def test_toml_then_environment(tmp_path: Path) -> None:
         ("[webhooks]\nca_file = '/no/such/ca.pem'\n", {}, "ca_file: /no/such/ca.pem does not"),
         ("[limits]\nburst = -1\n", {}, "burst must be at least 0"),
         ("[channel_webhooks]\nprobe_schedule = ['15m', '0s']\n", {}, "probe_schedule must be"),
+        # NaN passes a range check by failing its comparison: a nan rate turned the limit off.
+        ("[limits]\nrequests_per_second = nan\n", {}, "requests_per_second must be a finite"),
+        ("", {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "nan"}, "requests_per_second must be a finite"),
+        ("", {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "inf"}, "requests_per_second must be a finite"),
     ],
 )
 def test_bad_config_names_the_culprit(
