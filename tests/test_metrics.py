@@ -73,6 +73,12 @@ async def test_requests_are_counted_by_route_method_and_status(
     # The scrape itself is counted by the next one.
     again = await scrape(anon)
     assert value(again, requests, route="/metrics", method="GET", status="200") == 1
+    # Methods a client makes up are one series, OTHER: it cannot add series at will.
+    for i in range(5):
+        assert (await anon.request(f"X{i}ZZY", "/healthz")).status_code == 405
+    made_up = await scrape(anon)
+    assert not [labels for name, labels in made_up if ("method", "X0ZZY") in labels]
+    assert value(made_up, requests, route="unmatched", method="OTHER", status="405") == 5
 
 
 async def test_each_request_is_in_the_access_log(

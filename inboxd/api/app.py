@@ -340,8 +340,10 @@ class InboxApp(QuartTrio):
         took = time.perf_counter() - started
         rule = request.url_rule
         route = "unmatched" if rule is None else rule.rule
+        # A method no route serves is labelled OTHER: a client must not add series at will.
+        method = request.method if request.method in _KNOWN_METHODS else "OTHER"
         cast(AppState, self.extensions["inboxd"]).metrics.observe_request(
-            route, request.method, status, took
+            route, method, status, took
         )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(
@@ -354,6 +356,11 @@ class InboxApp(QuartTrio):
                 },
             )
 
+
+# The methods the metrics label by name (RFC 9110's); any other is counted as OTHER.
+_KNOWN_METHODS: Final = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"}
+)
 
 # How long a response waits for the rest of a request body it did not need (see
 # finish_request in create_app).
