@@ -362,6 +362,42 @@ async def test_a_key_revoked_by_the_cli_closes_its_socket_soon(
     assert trio.current_time() - started <= 16
 
 
+async def test_a_key_revoked_by_the_cli_gets_nothing_committed_after(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed, store: Any
+) -> None:
+    """CONTRACT section 4: revocation takes effect on the next request. A key revoked from
+    another process (the CLI) used to be sent every event until the hub's sweep, up to 15 s
+    later; the next event now finds it revoked and the socket closes with 1008."""
+    from inboxd.store import accounts as accounts_sql
+
+    async with feed(base_url, seeded.bob_key) as ws:
+        key_id = store.read_sync(
+            lambda c: c.execute(
+                "SELECT k.id FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE u.id = ?",
+                (seeded.bob_id,),
+            ).fetchone()[0]
+        )
+        account_pk = store.read_sync(accounts_sql.the_account_pk)
+        store.write_sync(accounts_sql.revoke_key, account_pk, key_id, 1)  # as `inboxd key revoke`
+        revoked = await owner.get("/api/v1/inbox/channels", headers=auth(seeded.bob_key))
+        assert revoked.status_code == 401
+        await ingest(owner, seeded.sales_id, "15550001", content="after the revocation")
+        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(5):
+            extra = await ws.get_message()
+            raise AssertionError(f"a revoked key was sent {extra[:120]}")
+    assert closed.value.reason.code == 1008
+
+
+async def test_a_first_frame_token_that_is_not_text_is_a_bad_key(base_url: str) -> None:
+    """A lone surrogate in the token (valid JSON, not UTF-8) crashed the handler, and its error
+    handler too (no request context in a websocket): the socket closed 1000, not 1008."""
+    async with open_websocket_url(ws_url(base_url)) as ws:
+        await ws.send_message('{"type": "auth", "token": "\\ud800"}')
+        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(5):
+            await ws.get_message()
+    assert closed.value.reason.code == 1008
+
+
 def hold_the_replay(monkeypatch: pytest.MonkeyPatch) -> tuple[trio.Event, trio.Event]:
     """Hold a client's first event (replayed or live) until ``go`` (the daemon runs in this
     process): what a backlog of thousands of events or a slow reader does in real use, made

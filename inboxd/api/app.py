@@ -21,7 +21,15 @@ from typing import Any, Final, cast
 import attrs
 import orjson
 import trio
-from quart import Request, Response, current_app, g, request
+from quart import (
+    Request,
+    Response,
+    current_app,
+    g,
+    has_request_context,
+    request,
+    websocket,
+)
 from quart.sessions import NullSession, SessionInterface
 from quart_trio import QuartTrio
 from quart_trio.wrappers import TrioRequest
@@ -104,7 +112,10 @@ class KeyCache:
         self._epoch = -1
         self._entries: dict[bytes, Principal] = {}
 
-    async def _current_epoch(self) -> int:
+    async def current_epoch(self) -> int:
+        """The store's ``auth_epoch``, read again only when something committed since the last
+        look (the feed checks it before each live event: a key revoked by the CLI, in another
+        process, must get nothing more)."""
         stamp = self._store.commit_stamp()
         if stamp != self._stamp:
             epoch = await self._store.read(accounts.auth_epoch)
@@ -124,14 +135,14 @@ class KeyCache:
 
     async def lookup(self, token: str, digest: bytes | None = None) -> Principal | None:
         """``digest``: the token's ``ids.hash_api_key``, if the caller has it already."""
-        epoch = await self._current_epoch()
+        epoch = await self.current_epoch()
         digest = digest or ids.hash_api_key(token)
         who = self._entries.get(digest)
         if who is not None:
             return who
         who = await self._store.read(accounts.authenticate, token)
         # Keep it only if nothing it depends on changed while we were reading.
-        if who is not None and await self._current_epoch() == epoch:
+        if who is not None and await self.current_epoch() == epoch:
             if len(self._entries) >= self.MAX_ENTRIES:
                 self._entries.clear()
             self._entries[digest] = who
@@ -464,7 +475,9 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
 
     @app.errorhandler(Exception)
     async def on_unexpected(exc: Exception) -> Response:
-        log.exception("unhandled error", extra={"path": request.path})
+        # (The feed's websocket handler comes here too: it has no request context.)
+        path = request.path if has_request_context() else websocket.path
+        log.exception("unhandled error", extra={"path": path})
         return json_response(
             {"error": {"code": "internal_error", "message": "the server failed; it is logged"}},
             500,

@@ -69,7 +69,9 @@ async def _principal_from_first_frame() -> Principal | None:
         if not isinstance(message, dict) or message.get("type") != "auth":
             return None
         token = message.get("token")
-        if not isinstance(token, str) or not token:
+        # A key is ASCII; JSON can carry text that is not even valid UTF-8 (a lone surrogate),
+        # which hashing it would choke on.
+        if not isinstance(token, str) or not token or not token.isascii():
             return None
         return cast(Principal | None, await state().store.read(accounts.authenticate, token))
     return None
@@ -126,9 +128,20 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
             # Closed during the replay (the key revoked, the queue full, a shutdown): stop at
             # the last event sent; a client that may resume does so from it, with no gap.
             return
+    keys = state().keys
+    seen_epoch = await keys.current_epoch()
     async for event in client.events:
         if event.seq <= last:
             continue
+        # A key revoked by the CLI (another process) gets nothing committed after it (CONTRACT
+        # section 4: revocation takes effect on the next request); the API's own revocations
+        # close the socket at once, and the hub's sweep would only come within seconds.
+        epoch = await keys.current_epoch()
+        if epoch != seen_epoch:
+            seen_epoch = epoch
+            if await state().store.read(accounts.principal_of_key, client.who.key_pk) is None:
+                client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
+                return
         if not await _allowed(client, event):
             if client.close_code is not None:
                 return
