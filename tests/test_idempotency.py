@@ -131,3 +131,39 @@ async def test_a_repeat_gets_no_new_key_or_secret_and_none_is_stored(
     )
     for secret in (created.json()["apiKey"], saved.json()["secret"]):
         assert not any(secret.encode() in body for body in bodies)
+
+
+async def test_a_401_from_a_key_revoked_meanwhile_is_not_kept_for_the_users_other_keys(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write whose key is revoked while it runs answers 401 and changes nothing (README). That
+    401 used to be kept under the Idempotency-Key and replayed for 24 h to the same user's
+    valid keys (without WWW-Authenticate): the change could not be made under that key."""
+    from inboxd.api import inbox as inbox_api
+    from inboxd.store import accounts
+
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="hi"))["conversationId"]
+    second = (await owner.post("/api/v1/inbox/keys", headers=auth(seeded.ann_key))).json()
+    keys = (await owner.get("/api/v1/inbox/keys", headers=auth(second["apiKey"]))).json()
+    first_key_id = next(k["keyId"] for k in keys if k["keyId"] != second["keyId"])
+    account_pk = store.read_sync(accounts.the_account_pk)
+    real = inbox_api.json_body
+
+    async def revoked_meanwhile(**how: object) -> object:
+        store.write_sync(accounts.revoke_key, account_pk, first_key_id, 1)
+        return await real(**how)
+
+    monkeypatch.setattr(inbox_api, "json_body", revoked_meanwhile)
+    rename = f"/api/v1/inbox/conversations/{conv}/title"
+    once = {"Idempotency-Key": "rename-1"}
+    refused = await owner.patch(
+        rename, json={"title": "X"}, headers={**once, **auth(seeded.ann_key)}
+    )
+    assert refused.status_code == 401
+    monkeypatch.setattr(inbox_api, "json_body", real)
+    retried = await owner.patch(
+        rename, json={"title": "X"}, headers={**once, **auth(second["apiKey"])}
+    )
+    assert retried.status_code == 200, retried.text
+    assert "Idempotent-Replayed" not in retried.headers
+    assert retried.json()["title"] == "X"

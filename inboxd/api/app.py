@@ -249,7 +249,9 @@ async def _idempotency_complete(key: str, response: Response) -> None:
     IDEMPOTENT_WRITE.set(None)
     store, user_pk = state().store, principal().user_pk
     try:
-        if response.status_code >= 500:
+        # Not kept: a failure of ours, or a 401 (the key revoked while its request ran), which
+        # changed nothing and would refuse the user's other keys the same request for 24 h.
+        if response.status_code >= 500 or response.status_code == 401:
             await store.write(idempotency.release, user_pk, key)
         else:
             body = _without_secrets(await response.get_data(as_text=False))
