@@ -584,3 +584,57 @@ async def test_a_connection_the_client_asked_to_close_is_closed_after_the_answer
                 received += chunk
     assert received.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 401 "))
     assert received.endswith(b"}")  # the whole answer came before the end
+
+
+def _over_http2(
+    host: str, port: int, path: bytes, headers: list[tuple[bytes, bytes]]
+) -> tuple[int, bytes]:
+    """One GET over HTTP/2 without TLS (prior knowledge), which hypercorn serves on the same
+    port; the h2 library is hypercorn's own dependency."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+    conn = h2.connection.H2Connection(config=config)
+    with socket.create_connection((host, port), timeout=10) as s:
+        conn.initiate_connection()
+        stream = conn.get_next_available_stream_id()
+        request = [(b":method", b"GET"), (b":path", path), (b":scheme", b"http")]
+        conn.send_headers(stream, [*request, (b":authority", b"inboxd"), *headers], end_stream=True)
+        s.sendall(conn.data_to_send())
+        status, body = 0, b""
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return status, body
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = int(dict(event.headers)[b":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    return status, body
+            s.sendall(conn.data_to_send())
+
+
+async def test_a_query_string_that_is_not_utf8_gets_the_json_400(
+    base_url: str, seeded: Seed
+) -> None:
+    """HTTP/1.1 refuses such bytes in h11; over HTTP/2 they reached Quart, which failed to
+    decode them while setting the request up (before any error handler): a bare 500."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    key = [(b"authorization", f"Bearer {seeded.owner_key}".encode())]
+    status, body = await trio.to_thread.run_sync(
+        _over_http2, host, int(port), b"/api/v1/inbox/channels?x=\xff", key
+    )
+    assert status == 400, body
+    assert orjson.loads(body) == {
+        "error": {"code": "invalid_request", "message": "the query string is not UTF-8"}
+    }
+    # A good one over HTTP/2 is served as usual.
+    status, body = await trio.to_thread.run_sync(
+        _over_http2, host, int(port), b"/api/v1/inbox/channels?x=%C3%A9", key
+    )
+    assert status == 200 and isinstance(orjson.loads(body), list)

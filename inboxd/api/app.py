@@ -334,6 +334,20 @@ class InboxApp(QuartTrio):
 
     request_class = InboxRequest
 
+    async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:
+        """A query string that is not UTF-8 is refused here: Quart decodes it while it sets the
+        request up, before any error handler, and answered a bare 500. HTTP/1.1 (h11) refuses
+        such bytes itself; HTTP/2 without TLS, which hypercorn serves on the same port, passes
+        them on."""
+        query = scope.get("query_string", b"")
+        if not query.isascii() and scope["type"] in ("http", "websocket"):
+            try:
+                query.decode()
+            except UnicodeDecodeError:
+                await _refuse_undecodable(scope, send)
+                return
+        await super().asgi_app(scope, receive, send)
+
     async def handle_request(self, request: Request) -> Any:
         started = time.perf_counter()
         try:
@@ -374,6 +388,31 @@ class InboxApp(QuartTrio):
 _KNOWN_METHODS: Final = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"}
 )
+
+_UNDECODABLE_QUERY: Final = orjson.dumps(
+    {"error": {"code": "invalid_request", "message": "the query string is not UTF-8"}}
+)
+
+
+async def _refuse_undecodable(scope: Any, send: Any) -> None:
+    """400 ``invalid_request`` (CONTRACT section 3), sent as ASGI messages: Quart cannot make a
+    request of it. A websocket is closed before it is accepted (the server answers 403)."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = _UNDECODABLE_QUERY
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
 
 # How long a response waits for the rest of a request body it did not need (see
 # finish_request in create_app).
