@@ -341,20 +341,25 @@ async def test_shutdown_closes_sockets_with_1001_and_exits(seeded: Seed) -> None
     assert closed.value.reason.code == 1001
 
 
+def revoke_from_outside(store: Any, user_id: str) -> None:
+    """Revoke the user's key straight in the store, as ``inboxd key revoke`` (another process)
+    does: no API call tells the daemon."""
+    from inboxd.store import accounts
+
+    key_id = store.read_sync(
+        lambda c: c.execute(
+            "SELECT k.id FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE u.id = ?",
+            (user_id,),
+        ).fetchone()[0]
+    )
+    store.write_sync(accounts.revoke_key, store.read_sync(accounts.the_account_pk), key_id, 1)
+
+
 async def test_a_key_revoked_by_the_cli_closes_its_socket_soon(
     autojump_clock: trio.testing.MockClock, base_url: str, seeded: Seed, store: Any
 ) -> None:
-    from inboxd.store import accounts as accounts_sql
-
     async with feed(base_url, seeded.bob_key) as ws:
-        key_id = store.read_sync(
-            lambda c: c.execute(
-                "SELECT k.id FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE u.id = ?",
-                (seeded.bob_id,),
-            ).fetchone()[0]
-        )
-        account_pk = store.read_sync(accounts_sql.the_account_pk)
-        store.write_sync(accounts_sql.revoke_key, account_pk, key_id, 1)  # as `inboxd key revoke`
+        revoke_from_outside(store, seeded.bob_id)
         started = trio.current_time()
         with pytest.raises(ConnectionClosed) as closed:
             await ws.get_message()
@@ -368,17 +373,8 @@ async def test_a_key_revoked_by_the_cli_gets_nothing_committed_after(
     """CONTRACT section 4: revocation takes effect on the next request. A key revoked from
     another process (the CLI) used to be sent every event until the hub's sweep, up to 15 s
     later; the next event now finds it revoked and the socket closes with 1008."""
-    from inboxd.store import accounts as accounts_sql
-
     async with feed(base_url, seeded.bob_key) as ws:
-        key_id = store.read_sync(
-            lambda c: c.execute(
-                "SELECT k.id FROM api_keys k JOIN users u ON u.pk = k.user_pk WHERE u.id = ?",
-                (seeded.bob_id,),
-            ).fetchone()[0]
-        )
-        account_pk = store.read_sync(accounts_sql.the_account_pk)
-        store.write_sync(accounts_sql.revoke_key, account_pk, key_id, 1)  # as `inboxd key revoke`
+        revoke_from_outside(store, seeded.bob_id)
         revoked = await owner.get("/api/v1/inbox/channels", headers=auth(seeded.bob_key))
         assert revoked.status_code == 401
         await ingest(owner, seeded.sales_id, "15550001", content="after the revocation")
