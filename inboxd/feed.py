@@ -86,6 +86,8 @@ class FeedClient:
         self._send, self.events = trio.open_memory_channel[FeedEvent](bound)
         self.close_code: int | None = None
         self.close_reason = ""
+        # The store's auth_epoch when the key was last found live (api/feed.py, _revoked).
+        self.auth_epoch = -1
 
     def offer(self, event: FeedEvent) -> None:
         if self.close_code is not None:

@@ -384,6 +384,30 @@ async def test_a_key_revoked_by_the_cli_gets_nothing_committed_after(
     assert closed.value.reason.code == 1008
 
 
+async def test_a_key_revoked_by_the_cli_during_its_replay_gets_nothing_more(
+    owner: httpx.AsyncClient,
+    base_url: str,
+    seeded: Seed,
+    store: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found in review: the first check's baseline was read after the replay, so a revocation
+    committed while the replay ran was already in it and live events went on."""
+    for i in range(3):
+        await ingest(owner, seeded.sales_id, "15550001", content=f"before {i}")
+    reached, go = hold_the_replay(monkeypatch)
+    async with feed(base_url, seeded.bob_key, since=0) as ws:
+        with trio.fail_after(5):
+            await reached.wait()
+        revoke_from_outside(store, seeded.bob_id)
+        go.set()
+        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(5):
+            while True:  # (whatever the replay sent before it noticed)
+                frame = json.loads(await ws.get_message())
+                assert frame["data"].get("content", "").startswith("before"), frame
+    assert closed.value.reason.code == 1008
+
+
 async def test_a_first_frame_token_that_is_not_text_is_a_bad_key(base_url: str) -> None:
     """A lone surrogate in the token (valid JSON, not UTF-8) crashed the handler, and its error
     handler too (no request context in a websocket): the socket closed 1000, not 1008."""

@@ -95,6 +95,8 @@ async def feed() -> None:
     hub = state().feed_hub
     assert hub is not None
     client = hub.register(who)
+    # Before the key is read again below: a revocation committed after this is seen (_revoked).
+    client.auth_epoch = await state().keys.current_epoch()
     try:
         # From here every access change reaches the client; one committed since the key was
         # read above (while the upgrade went on, say) did not: read the key's access again.
@@ -128,25 +130,33 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
             # Closed during the replay (the key revoked, the queue full, a shutdown): stop at
             # the last event sent; a client that may resume does so from it, with no gap.
             return
-    keys = state().keys
-    seen_epoch = await keys.current_epoch()
     async for event in client.events:
         if event.seq <= last:
             continue
-        # A key revoked by the CLI (another process) gets nothing committed after it (CONTRACT
-        # section 4: revocation takes effect on the next request); the API's own revocations
-        # close the socket at once, and the hub's sweep would only come within seconds.
-        epoch = await keys.current_epoch()
-        if epoch != seen_epoch:
-            seen_epoch = epoch
-            if await state().store.read(accounts.principal_of_key, client.who.key_pk) is None:
-                client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
-                return
+        if await _revoked(client):
+            return
         if not await _allowed(client, event):
             if client.close_code is not None:
                 return
             continue
         await websocket.send(event.frame)
+
+
+async def _revoked(client: FeedClient) -> bool:
+    """Whether the key was revoked (or its member removed) since it was last found live; then
+    the client is closed with 1008. Checked before each event sent: a key revoked by the CLI
+    (another process) gets nothing committed after it (CONTRACT section 4: revocation takes
+    effect on the next request); the API's own revocations close the socket at once, and the
+    hub's sweep would only come within seconds. The key is read again only when the store's
+    auth_epoch moved (KeyCache reads that once per commit, for every client)."""
+    epoch = await state().keys.current_epoch()
+    if epoch == client.auth_epoch:
+        return False
+    client.auth_epoch = epoch
+    if await state().store.read(accounts.principal_of_key, client.who.key_pk) is not None:
+        return False
+    client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
+    return True
 
 
 async def _allowed(client: FeedClient, event: FeedEvent, *, live: bool = True) -> bool:
@@ -202,6 +212,8 @@ async def _replay(client: FeedClient, since: int) -> int:
     while client.close_code is None:
         batch = await store.read(events.read_after, client.who.account_pk, last, REPLAY_BATCH)
         for journal_event in batch:
+            if await _revoked(client):
+                return last
             event = from_journal(journal_event, client.who.account_pk)
             if await _allowed(client, event, live=False):
                 await websocket.send(event.frame)
