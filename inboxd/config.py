@@ -51,9 +51,18 @@ def _kind(kind: str) -> dict[str, str]:
 Check = Any  # an attrs validator: (instance, attribute, value) -> None
 
 
+_LARGEST_WHOLE: Final = 2**53  # the largest whole numbers a float holds exactly
+
+
 def _finite(attribute: attrs.Attribute[Any], value: float) -> None:
     """TOML and the environment's numbers (float()) read nan and inf; NaN passes every range
     check by failing its comparison (a nan rate turned the rate limit off)."""
+    if isinstance(value, int):
+        # No setting needs more, and past it the float arithmetic that uses them (the rate
+        # limiter's, the timers') fails or rounds: refused here, naming the key.
+        if abs(value) > _LARGEST_WHOLE:
+            raise ValueError(f"{_key(attribute)} must be at most {_LARGEST_WHOLE}, not {value}")
+        return
     if not math.isfinite(value):
         raise ValueError(f"{_key(attribute)} must be a finite number, not {value!r}")
 

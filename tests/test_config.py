@@ -88,6 +88,9 @@ def test_toml_then_environment(tmp_path: Path) -> None:
         ("[limits]\nrequests_per_second = nan\n", {}, "requests_per_second must be a finite"),
         ("", {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "nan"}, "requests_per_second must be a finite"),
         ("", {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "inf"}, "requests_per_second must be a finite"),
+        # A whole number past what a float holds (it escaped as an OverflowError, no key named).
+        ("", {"INBOXD_FEED_QUEUE_BOUND": "1" + "0" * 400}, "queue_bound must be at most"),
+        (f"[limits]\nburst = {2**60}\n", {}, "burst must be at most"),
     ],
 )
 def test_bad_config_names_the_culprit(
