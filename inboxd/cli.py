@@ -277,8 +277,14 @@ def cmd_backup(args: argparse.Namespace) -> int:
     out = Path(args.out_file).expanduser()
     if out.is_dir():
         raise UsageError(f"{out} is a directory; name the backup file")
-    live = db_path(_data_dir(args)).resolve()
-    if out.resolve() in {live, *(live.with_name(live.name + end) for end in ("-wal", "-shm"))}:
+    data_dir = _data_dir(args)
+    live = db_path(data_dir).name
+    if (
+        out.name in {live, f"{live}-wal", f"{live}-shm"}
+        and out.parent.is_dir()
+        and data_dir.is_dir()
+        and os.path.samefile(out.parent, data_dir)  # (also through a symlink or a bind mount)
+    ):
         # Replacing the file a running daemon writes to would lose what it commits after.
         raise UsageError(f"{out} is the store itself; name a file outside it")
     store = _open(args, allow_older=True)  # the backup before an upgrade is of the old store

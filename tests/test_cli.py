@@ -117,6 +117,11 @@ def test_other_errors_exit_1_with_one_line(tmp_path: Path) -> None:
     assert (
         bad_bind.stderr.strip() == "inboxd: server.bind: bind address 'nonsense' is not HOST:PORT"
     )
+    # The store's own file under another name for its directory is refused too.
+    alias = tmp_path / "alias"
+    alias.symlink_to(data, target_is_directory=True)
+    onto_itself = inboxd("backup", "--data", data, str(alias / "inboxd.db"))
+    assert onto_itself.returncode == 2 and "is the store itself" in onto_itself.stderr
     bad_port = inboxd("serve", "--data", data, env={**ENV, "INBOXD_SERVER_BIND": "127.0.0.1:70000"})
     assert bad_port.returncode == 1
     assert bad_port.stderr.strip() == (
