@@ -147,25 +147,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _name(text: str) -> str:
-    """A channel's or a member's name: 1 to MAX_NAME characters once trimmed (as the API)."""
-    name = text.strip()
-    if not 1 <= len(name) <= MAX_NAME:
-        raise argparse.ArgumentTypeError(f"a name must be 1 to {MAX_NAME} characters")
-    return name
+def _trimmed(what: str, max_len: int, printable: bool = False) -> Callable[[str], str]:
+    """An argument type: the text without the white space around it, then 1 to ``max_len``
+    characters (as the API checks names), and with ``printable`` no control characters."""
+
+    def check(text: str) -> str:
+        value = text.strip()
+        if not 1 <= len(value) <= max_len or (printable and not value.isprintable()):
+            kind = " printable" if printable else ""
+            raise argparse.ArgumentTypeError(f"{what} must be 1 to {max_len}{kind} characters")
+        return value
+
+    return check
 
 
-MAX_CHANNEL_TYPE = 32
-
-
-def _channel_type(text: str) -> str:
-    """A channel's type (WHATSAPP, ...): served as every conversation's ``channelType``."""
-    kind = text.strip()
-    if not (1 <= len(kind) <= MAX_CHANNEL_TYPE and kind.isprintable()):
-        raise argparse.ArgumentTypeError(
-            f"a channel type must be 1 to {MAX_CHANNEL_TYPE} printable characters"
-        )
-    return kind
+# A channel's or a member's name, as the API has it.
+_name = _trimmed("a name", MAX_NAME)
+# A channel's type (WHATSAPP, ...), served as every conversation's channelType.
+_channel_type = _trimmed("a channel type", 32, printable=True)
 
 
 def _email(text: str) -> str:

@@ -153,10 +153,16 @@ async def _revoked(client: FeedClient) -> bool:
     if epoch == client.auth_epoch:
         return False
     client.auth_epoch = epoch
-    if await state().store.read(accounts.principal_of_key, client.who.key_pk) is not None:
-        return False
-    client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
-    return True
+    return await _live_principal(client) is None
+
+
+async def _live_principal(client: FeedClient) -> Principal | None:
+    """The client's key as it is now; None (and the client closed with 1008) once it is
+    revoked or its member removed."""
+    who = await state().store.read(accounts.principal_of_key, client.who.key_pk)
+    if who is None:
+        client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
+    return who
 
 
 async def _allowed(client: FeedClient, event: FeedEvent, *, live: bool = True) -> bool:
@@ -177,14 +183,12 @@ async def _refresh(client: FeedClient, change: FeedEvent | None = None) -> bool:
     names are the ones the user could open from then on; the store's may be a later change's,
     committed while this client lagged behind, and the events in between are judged by the
     access at their moment (README, "Live feed")."""
-    store = state().store
-    who = await store.read(accounts.principal_of_key, client.who.key_pk)
+    who = await _live_principal(client)
     if who is None:
-        client.close(CLOSE_POLICY, "the API key was revoked or its member removed")
         return False
     if change is not None and change.type == USER_CHANNELS_CHANGED and not who.is_owner:
         channel_ids = json.loads(change.frame)["data"]["channelIds"]
-        then = await store.read(accounts.existing_channel_pks, who.account_pk, channel_ids)
+        then = await state().store.read(accounts.existing_channel_pks, who.account_pk, channel_ids)
         who = attrs.evolve(who, channel_pks=then)
     client.who = who
     return True
