@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import trio
@@ -86,8 +86,10 @@ class FeedClient:
         self._send, self.events = trio.open_memory_channel[FeedEvent](bound)
         self.close_code: int | None = None
         self.close_reason = ""
-        # The store's auth_epoch when the key was last found live (api/feed.py, _revoked).
+        # The store's auth_epoch when the key was last found live, and the app's key cache
+        # that tells it (api/feed.py, _revoked).
         self.auth_epoch = -1
+        self.keys: Any = None
 
     def offer(self, event: FeedEvent) -> None:
         if self.close_code is not None:

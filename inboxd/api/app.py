@@ -112,6 +112,11 @@ class KeyCache:
         self._epoch = -1
         self._entries: dict[bytes, Principal] = {}
 
+    def known_epoch(self) -> int | None:
+        """``current_epoch`` when nothing committed since the last look (no coroutine, no
+        store access); else None."""
+        return self._epoch if self._store.commit_stamp() == self._stamp else None
+
     async def current_epoch(self) -> int:
         """The store's ``auth_epoch``, read again only when something committed since the last
         look (the feed checks it before each live event: a key revoked by the CLI, in another

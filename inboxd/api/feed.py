@@ -96,7 +96,8 @@ async def feed() -> None:
     assert hub is not None
     client = hub.register(who)
     # Before the key is read again below: a revocation committed after this is seen (_revoked).
-    client.auth_epoch = await state().keys.current_epoch()
+    client.keys = state().keys
+    client.auth_epoch = await client.keys.current_epoch()
     try:
         # From here every access change reaches the client; one committed since the key was
         # read above (while the upgrade went on, say) did not: read the key's access again.
@@ -149,7 +150,9 @@ async def _revoked(client: FeedClient) -> bool:
     effect on the next request); the API's own revocations close the socket at once, and the
     hub's sweep would only come within seconds. The key is read again only when the store's
     auth_epoch moved (KeyCache reads that once per commit, for every client)."""
-    epoch = await state().keys.current_epoch()
+    if client.keys.known_epoch() == client.auth_epoch:  # (no commit since: most events)
+        return False
+    epoch = await client.keys.current_epoch()
     if epoch == client.auth_epoch:
         return False
     client.auth_epoch = epoch
