@@ -61,6 +61,15 @@ def new_id(prefix: str) -> str:
     return prefix + "_" + "".join([_PAIRS[(n >> shift) & 1023] for shift in range(90, -1, -10)])
 
 
+def derived_id(prefix: str, *parts: str) -> str:
+    """An id of the same form, made from ``parts`` (SHA-256): the same parts give the same id,
+    so one that must not change across restarts needs no row of its own (a channel webhook
+    delivery's ``X-Svc-Delivery``). It does not sort by time: nothing orders by these."""
+    digest = hashlib.sha256("\0".join(parts).encode("utf-8")).digest()
+    n = int.from_bytes(digest[:13], "big") >> 4  # 100 bits
+    return prefix + "_" + "".join([_PAIRS[(n >> shift) & 1023] for shift in range(90, -1, -10)])
+
+
 API_KEY_PREFIX = "ibx_"
 KEY_DISPLAY_PREFIX_LEN = 12
 

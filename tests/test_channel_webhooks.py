@@ -580,3 +580,33 @@ async def test_what_a_disabled_url_kept_past_the_retention_is_not_sent_when_save
         assert json.loads(got[before].body)["data"]["content"] == "new"
         s = await until(fresh, seeded.sales_id, receiver.url, backlog=0)
     assert s["state"] == "delivering" and len(receiver.requests) == before + 1
+
+
+async def test_a_retry_after_a_restart_keeps_the_delivery_id(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
+) -> None:
+    """CONTRACT sections 6 and 7: X-Svc-Delivery is the same on every retry of one event, and
+    a URL's state survives a restart. The id was made afresh by each run of the daemon."""
+    run_daemon = restartable_daemon(seeded, config)
+    async with running_receiver(certs) as receiver, running_receiver(certs) as other:
+        receiver.statuses += [503]
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with owner_client(urls[0], seeded) as c:
+                await save_urls(c, seeded.sales_id, receiver.url, other.url)
+                await send(c, seeded, "m0")
+                await receiver.wait_for(1)  # failed; its retry is due in 10 s
+                await other.wait_for(1)
+            stop.set()
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_daemon, stop)
+            await receiver.wait_for(2, within=MIN)
+            stop.set()
+    first, retry = (r.headers["x-svc-delivery"] for r in receiver.requests)
+    assert [json.loads(r.body)["data"]["content"] for r in receiver.requests] == ["m0", "m0"]
+    assert first == retry and first.startswith("dlv_")
+    # Another URL's delivery of the same message is a series of its own.
+    assert other.requests[0].headers["x-svc-delivery"] != first
+    assert other.requests[0].body == receiver.requests[0].body

@@ -142,7 +142,6 @@ class UrlSupervisor:
     def __init__(self, hub: ChannelWebhookHub, pk: int) -> None:
         self.hub = hub
         self.pk = pk
-        self._delivery: tuple[int, str] | None = None  # (event seq, delivery id) of the head
 
     async def run(self) -> None:
         while True:
@@ -189,9 +188,9 @@ class UrlSupervisor:
             delivery_id = ids.new_id("dlv")
         else:
             type_, body = channel_body(head)
-            if self._delivery is None or self._delivery[0] != head.seq:
-                self._delivery = (head.seq, ids.new_id("dlv"))
-            delivery_id = self._delivery[1]
+            # The same on every retry of this message to this URL (CONTRACT section 6), also
+            # after a restart, with nothing stored: made from the URL's row and the event.
+            delivery_id = ids.derived_id("dlv", str(self.pk), row.url, head.id)
         outcome = await post_event(hub.client, row.url, secret, body, type_, delivery_id)
         if hub.metrics is not None:
             hub.metrics.channel_deliveries.labels(
