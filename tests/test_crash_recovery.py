@@ -8,6 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -58,37 +60,43 @@ async def wait_ready(client: httpx.AsyncClient) -> None:
             await trio.sleep(0.05)
 
 
+@asynccontextmanager
+async def api_client(port: int, seeded: Seed) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}",
+        headers=auth(seeded.owner_key),
+        timeout=10,
+        event_hooks=OPENAPI_HOOKS,
+    ) as api:
+        yield api
+
+
+async def hook_and_block(api: httpx.AsyncClient, seeded: Seed, url: str) -> None:
+    """Save the inbox webhook's URL, then make one event for it: a new conversation blocked."""
+    assert (await api.put("/api/v1/inbox/webhook", json={"url": url})).status_code == 200
+    msg = await api.post(
+        "/api/v1/messaging/messages",
+        json={
+            "channelId": seeded.sales_id,
+            "direction": "INBOUND",
+            "contact": {"phoneNumber": "15550001"},
+            "type": "TEXT",
+            "content": "hi",
+        },
+    )
+    conv = msg.json()["conversationId"]
+    assert (await api.post(f"/api/v1/inbox/conversations/{conv}/block")).status_code == 200
+
+
 async def test_sigkill_before_delivery_then_restart_delivers(seeded: Seed, tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "tls")
     port = free_port()
-    async with (
-        running_receiver(certs) as receiver,
-        httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}",
-            headers=auth(seeded.owner_key),
-            timeout=10,
-            event_hooks=OPENAPI_HOOKS,
-        ) as api,
-    ):
+    async with running_receiver(certs) as receiver, api_client(port, seeded) as api:
         receiver.statuses += [503] * 5  # the receiver is down while the first daemon runs
         proc = start_daemon(seeded.data_dir, port, certs.ca_file)
         try:
             await wait_ready(api)
-            assert (
-                await api.put("/api/v1/inbox/webhook", json={"url": receiver.url})
-            ).status_code == 200
-            msg = await api.post(
-                "/api/v1/messaging/messages",
-                json={
-                    "channelId": seeded.sales_id,
-                    "direction": "INBOUND",
-                    "contact": {"phoneNumber": "15550001"},
-                    "type": "TEXT",
-                    "content": "hi",
-                },
-            )
-            conv = msg.json()["conversationId"]
-            assert (await api.post(f"/api/v1/inbox/conversations/{conv}/block")).status_code == 200
+            await hook_and_block(api, seeded, receiver.url)
             (failed,) = await receiver.wait_for(1, within=30)
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -105,3 +113,33 @@ async def test_sigkill_before_delivery_then_restart_delivers(seeded: Seed, tmp_p
     assert delivered["type"] == "inbox.conversation.blocked"
     assert delivered["id"] == json.loads(failed.body)["id"]
     assert got[1].body == failed.body  # the bytes serialised at commit, unchanged
+
+
+async def test_sigkill_during_an_attempt_keeps_the_delivery_id(
+    seeded: Seed, tmp_path: Path
+) -> None:
+    """An attempt is recorded after its answer: one in flight when the daemon was killed left
+    no record, and the event went out again after the restart under a new X-Svc-Delivery
+    (CONTRACT section 6: the same on retries of one event; found by a review)."""
+    certs = make_certs(tmp_path / "tls")
+    port = free_port()
+    async with running_receiver(certs) as receiver, api_client(port, seeded) as api:
+        receiver.hang = True  # the first attempt is in flight when the daemon dies
+        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
+        try:
+            await wait_ready(api)
+            await hook_and_block(api, seeded, receiver.url)
+            (first,) = await receiver.wait_for(1, within=30)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        receiver.hang = False
+        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
+        try:
+            await wait_ready(api)
+            again = (await receiver.wait_for(2, within=30))[1]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=15)
+    assert json.loads(again.body)["id"] == json.loads(first.body)["id"]  # the same event
+    assert again.headers["x-svc-delivery"] == first.headers["x-svc-delivery"]

@@ -66,6 +66,16 @@ def retry_delay(
     return delay
 
 
+def series_id(event_id: str, redelivery_pk: int | None) -> str:
+    """The X-Svc-Delivery of an event's attempt series: the same on every retry (CONTRACT
+    section 6), also after a crash that cut an attempt off before it was recorded, so it is made
+    from the event rather than drawn at random; a redelivery (POST .../redeliver) is a series of
+    its own."""
+    if redelivery_pk is None:
+        return ids.derived_id("dlv", "inbox", event_id)
+    return ids.derived_id("dlv", "inbox", event_id, "redelivery", str(redelivery_pk))
+
+
 class InboxWebhookDeliverer:
     def __init__(
         self,
@@ -183,7 +193,7 @@ class InboxWebhookDeliverer:
 
     async def _deliver(self, work: webhooks.Work) -> None:
         event = work.event
-        delivery_id = ids.new_id("dlv")
+        delivery_id = series_id(event.id, work.redelivery_pk)
         attempts = len(self._schedule) + 1
         first, wait = 1, 0.0
         if work.redelivery_pk is None and not self._resumed:
