@@ -64,6 +64,13 @@ async def recorded_outcomes(owner: httpx.AsyncClient, count: int) -> list[str]:
             await trio.sleep(0.01)
 
 
+async def first_record(owner: httpx.AsyncClient) -> None:
+    """Until the delivery log holds an attempt (recorded a moment after its answer)."""
+    with trio.fail_after(5):
+        while not (await owner.get(f"{HOOK}/deliveries")).json()["deliveries"]:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 
@@ -676,9 +683,7 @@ async def test_an_attempt_series_cut_short_by_a_stop_goes_on_after_the_start(
                 conv = await new_conversation(c, seeded)
                 await c.post(f"{CONV}/{conv}/block")
                 await receiver.wait_for(1)
-                with trio.fail_after(5):  # its record, well before the retry (10 s) is due
-                    while not (await c.get(f"{HOOK}/deliveries")).json()["deliveries"]:  # noqa: ASYNC110
-                        await trio.sleep(0.01)
+                await first_record(c)  # well before the retry (10 s) is due
             stop.set()
         assert len(receiver.requests) == 1
         stop = trio.Event()
@@ -693,3 +698,33 @@ async def test_an_attempt_series_cut_short_by_a_stop_goes_on_after_the_start(
     assert retry.headers["x-svc-delivery"] == first.headers["x-svc-delivery"]
     assert 10 - 1e-6 <= retry.at - first.at <= 12.5
     assert [(d["attempt"], d["outcome"]) for d in log] == [(2, "delivered"), (1, "failed")]
+
+
+async def test_a_retry_after_is_kept_across_a_stop(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
+) -> None:
+    """CONTRACT section 6: a retry waits at least a 429/503's Retry-After. A series resumed
+    after a stop used to wait only what the schedule said (10 s here), sending the retry well
+    before the receiver asked."""
+    run_daemon = restartable_daemon(seeded, config)
+
+    async with running_receiver(certs) as receiver:
+        receiver.statuses.append((503, {"Retry-After": "300"}))
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with owner_client(urls[0], seeded) as c:
+                await save(c, receiver.url)
+                conv = await new_conversation(c, seeded)
+                await c.post(f"{CONV}/{conv}/block")
+                await receiver.wait_for(1)
+                await first_record(c)
+            stop.set()
+        await trio.sleep(30)  # stopped for 30 s: the schedule's 10 s has passed, not the 300
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_daemon, stop)
+            first, retry = await receiver.wait_for(2, within=3600)
+            stop.set()
+    assert retry.headers["x-svc-delivery"] == first.headers["x-svc-delivery"]
+    assert 300 - 1e-6 <= retry.at - first.at <= 301

@@ -686,6 +686,13 @@ _V15: Final = """
 ALTER TABLE mail_outbox ADD COLUMN channel_pk INTEGER;
 """
 
+_V16: Final = """
+-- The seconds a failed attempt's 429/503 asked for in Retry-After (NULL: none, or unreadable):
+-- a series that a stop cut short resumes after it, not after the schedule alone (CONTRACT
+-- section 6: a retry waits at least Retry-After).
+ALTER TABLE webhook_deliveries ADD COLUMN retry_after REAL;
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -702,4 +709,5 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V13,
     _V14,
     _V15,
+    _V16,
 )

@@ -180,6 +180,7 @@ class Attempt:
     # The created_at of the webhook it went to: a webhook deleted and saved again meanwhile is
     # another one, whose lastDelivery fields this attempt must not fill (None: whichever).
     webhook_created_at: int | None = None
+    retry_after: float | None = None  # seconds, from the answer's Retry-After
 
 
 @attrs.frozen
@@ -189,19 +190,20 @@ class SeriesSoFar:
     delivery_id: str
     attempts: int  # how many were made (the last one failed)
     last_at: int
+    retry_after: float | None  # what the last one's answer asked for
 
 
 def series_so_far(conn: sqlite3.Connection, account_pk: int, event_seq: int) -> SeriesSoFar | None:
     """The event's attempt series when a stop cut it short: its last recorded attempt failed
     (neither delivered nor given up); else None."""
     r = conn.execute(
-        "SELECT delivery_id, attempt, outcome, at FROM webhook_deliveries"
+        "SELECT delivery_id, attempt, outcome, at, retry_after FROM webhook_deliveries"
         " WHERE event_seq = ? AND account_pk = ? ORDER BY pk DESC LIMIT 1",
         (event_seq, account_pk),
     ).fetchone()
     if r is None or r["outcome"] != "failed":
         return None
-    return SeriesSoFar(r["delivery_id"], int(r["attempt"]), int(r["at"]))
+    return SeriesSoFar(r["delivery_id"], int(r["attempt"]), int(r["at"]), r["retry_after"])
 
 
 def record_attempt(
@@ -210,7 +212,7 @@ def record_attempt(
     """Log an attempt; on a final outcome move past the event (or drop its redelivery)."""
     conn.execute(
         "INSERT INTO webhook_deliveries (account_pk, event_seq, delivery_id, attempt, outcome,"
-        " status, error, duration_ms, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " status, error, duration_ms, at, retry_after) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             account_pk,
             a.event_seq,
@@ -221,6 +223,7 @@ def record_attempt(
             a.error,
             a.duration_ms,
             a.at,
+            a.retry_after,
         ),
     )
     final = a.outcome != "failed"

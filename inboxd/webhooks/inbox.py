@@ -181,13 +181,14 @@ class InboxWebhookDeliverer:
     async def _resume(self, event_seq: int, attempts: int) -> tuple[str, int, float] | None:
         """For the first event since the start: if a stop cut its attempt series short, that
         series' delivery id, the next attempt's number and the seconds until it is due (as the
-        schedule has it from the last attempt; a Retry-After that came with it is not kept)."""
+        schedule has it from the last attempt, and at least the Retry-After its answer gave)."""
         self._resumed = True
         prior = await self._store.read(webhooks.series_so_far, self._account_pk, event_seq)
         if prior is None:
             return None
         done = min(prior.attempts, attempts - 1)
-        delay = retry_delay(self._schedule, done, Outcome(None, None, 0.0), self._rng)
+        last = Outcome(None, None, 0.0, retry_after=prior.retry_after)
+        delay = retry_delay(self._schedule, done, last, self._rng)
         due_us = prior.last_at + round(delay * 1_000_000)
         return prior.delivery_id, done + 1, max(0.0, (due_us - self._clock.now_us()) / 1_000_000)
 
@@ -238,6 +239,7 @@ class InboxWebhookDeliverer:
                 duration_ms=outcome.duration_ms,
                 at=self._clock.now_us(),
                 webhook_created_at=hook.created_at,
+                retry_after=outcome.retry_after,
             )
             if self._metrics is not None:
                 self._metrics.inbox_deliveries.labels(result).inc()
