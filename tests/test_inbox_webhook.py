@@ -632,7 +632,7 @@ def test_a_redelivery_pk_is_never_given_again(store: Store) -> None:
     second, _ = store.write_sync(queue)
     assert second != first
     # The dropped redelivery's attempt, recorded late, leaves the new one queued.
-    late = webhooks.Attempt(first_seq, "dlv_late", 1, "delivered", 200, None, 1.0, 2)
+    late = webhooks.Attempt(first_seq, "dlv_late", 1, "delivered", 200, None, 1.0, 2, 1)
     store.write_sync(lambda c: webhooks.record_attempt(c, accounts.the_account_pk(c), late, first))
     assert store.read_sync(webhooks.redelivery_queued, second)
 

@@ -699,7 +699,7 @@ def test_the_journal_is_pruned_only_where_nothing_owes_delivery(tmp_path: Path) 
         store.write_sync(
             webhooks.record_attempt,
             1,
-            webhooks.Attempt(old[2], "dlv_1", 1, "delivered", 200, None, 1.0, day * 3),
+            webhooks.Attempt(old[2], "dlv_1", 1, "delivered", 200, None, 1.0, day * 3, 0),
             None,
         )
         store.write_sync(lambda c: webhooks.queue_redelivery(c, 1, _event_id(c, old[7]), 0))

@@ -178,8 +178,8 @@ class Attempt:
     duration_ms: float
     at: int
     # The created_at of the webhook it went to: a webhook deleted and saved again meanwhile is
-    # another one, whose lastDelivery fields this attempt must not fill (None: whichever).
-    webhook_created_at: int | None = None
+    # another one, whose lastDelivery fields this attempt must not fill.
+    webhook_created_at: int
     retry_after: float | None = None  # seconds, from the answer's Retry-After
 
 
@@ -231,7 +231,7 @@ def record_attempt(
         "UPDATE inbox_webhooks SET last_delivery_at = ?, last_delivery_status = ?,"
         " last_delivery_error = ?,"
         " delivered_seq = CASE WHEN ? THEN max(delivered_seq, ?) ELSE delivered_seq END"
-        " WHERE account_pk = ? AND (? IS NULL OR created_at = ?)",
+        " WHERE account_pk = ? AND created_at = ?",
         (
             a.at,
             a.status,
@@ -239,7 +239,6 @@ def record_attempt(
             final and redelivery_pk is None,
             a.event_seq,
             account_pk,
-            a.webhook_created_at,
             a.webhook_created_at,
         ),
     )
