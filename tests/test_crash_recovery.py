@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from tests.conftest import OPENAPI_HOOKS, Seed, auth
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest
 from tests.receiver import make_certs, running_receiver
 
 
@@ -74,17 +74,7 @@ async def api_client(port: int, seeded: Seed) -> AsyncIterator[httpx.AsyncClient
 async def hook_and_block(api: httpx.AsyncClient, seeded: Seed, url: str) -> None:
     """Save the inbox webhook's URL, then make one event for it: a new conversation blocked."""
     assert (await api.put("/api/v1/inbox/webhook", json={"url": url})).status_code == 200
-    msg = await api.post(
-        "/api/v1/messaging/messages",
-        json={
-            "channelId": seeded.sales_id,
-            "direction": "INBOUND",
-            "contact": {"phoneNumber": "15550001"},
-            "type": "TEXT",
-            "content": "hi",
-        },
-    )
-    conv = msg.json()["conversationId"]
+    conv = (await ingest(api, seeded.sales_id, "15550001", content="hi"))["conversationId"]
     assert (await api.post(f"/api/v1/inbox/conversations/{conv}/block")).status_code == 200
 
 

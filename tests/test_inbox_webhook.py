@@ -64,11 +64,22 @@ async def recorded_outcomes(owner: httpx.AsyncClient, count: int) -> list[str]:
             await trio.sleep(0.01)
 
 
-async def first_record(owner: httpx.AsyncClient) -> None:
-    """Until the delivery log holds an attempt (recorded a moment after its answer)."""
-    with trio.fail_after(5):
-        while not (await owner.get(f"{HOOK}/deliveries")).json()["deliveries"]:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+async def fail_once_and_stop(run_daemon: Any, seeded: Seed, receiver: Receiver) -> None:
+    """One run of a ``restartable_daemon``: the receiver's URL saved, one event made, its first
+    attempt answered as the receiver is told and recorded (well before a retry is due), the
+    daemon stopped."""
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(run_daemon, stop)
+        async with owner_client(urls[0], seeded) as c:
+            await save(c, receiver.url)
+            conv = await new_conversation(c, seeded)
+            await c.post(f"{CONV}/{conv}/block")
+            await receiver.wait_for(1)
+            with trio.fail_after(5):  # the attempt is recorded a moment after its answer
+                while not (await c.get(f"{HOOK}/deliveries")).json()["deliveries"]:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+        stop.set()
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -675,16 +686,7 @@ async def test_an_attempt_series_cut_short_by_a_stop_goes_on_after_the_start(
 
     async with running_receiver(certs) as receiver:
         receiver.statuses.append(500)
-        stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            urls = await nursery.start(run_daemon, stop)
-            async with owner_client(urls[0], seeded) as c:
-                await save(c, receiver.url)
-                conv = await new_conversation(c, seeded)
-                await c.post(f"{CONV}/{conv}/block")
-                await receiver.wait_for(1)
-                await first_record(c)  # well before the retry (10 s) is due
-            stop.set()
+        await fail_once_and_stop(run_daemon, seeded, receiver)
         assert len(receiver.requests) == 1
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
@@ -710,16 +712,7 @@ async def test_a_retry_after_is_kept_across_a_stop(
 
     async with running_receiver(certs) as receiver:
         receiver.statuses.append((503, {"Retry-After": "300"}))
-        stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            urls = await nursery.start(run_daemon, stop)
-            async with owner_client(urls[0], seeded) as c:
-                await save(c, receiver.url)
-                conv = await new_conversation(c, seeded)
-                await c.post(f"{CONV}/{conv}/block")
-                await receiver.wait_for(1)
-                await first_record(c)
-            stop.set()
+        await fail_once_and_stop(run_daemon, seeded, receiver)
         await trio.sleep(30)  # stopped for 30 s: the schedule's 10 s has passed, not the 300
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
