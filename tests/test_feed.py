@@ -408,11 +408,23 @@ async def test_a_key_revoked_by_the_cli_during_its_replay_gets_nothing_more(
     assert closed.value.reason.code == 1008
 
 
-async def test_a_first_frame_token_that_is_not_text_is_a_bad_key(base_url: str) -> None:
-    """A lone surrogate in the token (valid JSON, not UTF-8) crashed the handler, and its error
-    handler too (no request context in a websocket): the socket closed 1000, not 1008."""
+@pytest.mark.parametrize(
+    "frame",
+    [
+        '{"type": "auth", "token": "\\ud800"}',
+        "[" * 2000 + "]" * 2000,
+    ],
+    ids=["lone surrogate", "nested 2,000 deep"],
+)
+async def test_a_first_frame_that_is_not_a_usable_token_is_a_bad_key(
+    base_url: str, frame: str
+) -> None:
+    """Each of these crashed the handler (a key is not needed to send them), and with the first
+    its error handler too (no request context in a websocket): the socket closed 1000, not
+    1008. A lone surrogate in the token is valid JSON but not UTF-8; a frame nested 2,000 deep
+    (4 KB) made json.loads raise RecursionError (found by a review)."""
     async with open_websocket_url(ws_url(base_url)) as ws:
-        await ws.send_message('{"type": "auth", "token": "\\ud800"}')
+        await ws.send_message(frame)
         with pytest.raises(ConnectionClosed) as closed, trio.fail_after(5):
             await ws.get_message()
     assert closed.value.reason.code == 1008
