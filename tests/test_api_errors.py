@@ -586,8 +586,46 @@ async def test_a_connection_the_client_asked_to_close_is_closed_after_the_answer
     assert received.endswith(b"}")  # the whole answer came before the end
 
 
+@pytest.mark.parametrize(
+    "upgrade",
+    [
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\n",
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 8\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+    ],
+    ids=["no key or version", "version 8"],
+)
+@pytest.mark.parametrize("path", [b"/api/v1/inbox/feed", b"/api/v1/inbox/channels"])
+async def test_a_websocket_upgrade_hypercorn_refuses_gets_the_json_400_and_the_close(
+    base_url: str, seeded: Seed, upgrade: bytes, path: bytes
+) -> None:
+    """hypercorn answers such an upgrade itself: it did with an empty body, and then left the
+    connection open, although the answer said "connection: close", until read_timeout (60 s)
+    (found by a review)."""
+    request = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + upgrade + b"\r\n"
+    host, port = base_url.split("//")[1].rstrip("/").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(request)
+        received = b""
+        with trio.fail_after(5):  # the read timeout is 60 s; a close takes milliseconds
+            while chunk := await stream.receive_some(65536):
+                received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head
+    assert orjson.loads(body)["error"] == {
+        "code": "invalid_request",
+        "message": "the websocket upgrade is not valid (it needs Sec-WebSocket-Key and"
+        " Sec-WebSocket-Version: 13)",
+    }
+
+
 def _over_http2(
-    host: str, port: int, path: bytes, headers: list[tuple[bytes, bytes]]
+    host: str,
+    port: int,
+    path: bytes,
+    headers: list[tuple[bytes, bytes]],
+    authority: bytes = b"inboxd",
 ) -> tuple[int, bytes]:
     """One GET over HTTP/2 without TLS (prior knowledge), which hypercorn serves on the same
     port; the h2 library is hypercorn's own dependency."""
@@ -601,7 +639,8 @@ def _over_http2(
         conn.initiate_connection()
         stream = conn.get_next_available_stream_id()
         request = [(b":method", b"GET"), (b":path", path), (b":scheme", b"http")]
-        conn.send_headers(stream, [*request, (b":authority", b"inboxd"), *headers], end_stream=True)
+        request.append((b":authority", authority))
+        conn.send_headers(stream, [*request, *headers], end_stream=True)
         s.sendall(conn.data_to_send())
         status, body = 0, b""
         while True:
@@ -638,3 +677,33 @@ async def test_a_query_string_that_is_not_utf8_gets_the_json_400(
         _over_http2, host, int(port), b"/api/v1/inbox/channels?x=%C3%A9", key
     )
     assert status == 200 and isinstance(orjson.loads(body), list)
+
+
+@pytest.mark.parametrize("host", [b".", b"a..b", b"a" * 64 + b".example", b"a" * 64 + b":80"])
+@pytest.mark.parametrize("path", [b"/healthz", b"/api/v1/inbox/channels"])
+async def test_a_host_that_is_not_a_host_name_gets_the_json_400(
+    base_url: str, seeded: Seed, host: bytes, path: bytes
+) -> None:
+    """An empty label or one over 63 characters: werkzeug's IDNA encoding of the Host failed
+    while Quart set the request up (before any error handler), and hypercorn answered a bare
+    500 with an empty body (found by a review)."""
+    request = (
+        b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\n"
+        b"Authorization: Bearer " + seeded.owner_key.encode() + b"\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    status, headers, body = await raw_exchange(base_url, request)
+    assert (status, headers["content-type"]) == (400, "application/json"), body
+    assert orjson.loads(body) == {
+        "error": {
+            "code": "invalid_request",
+            "message": "the request's Host header is not a valid host name",
+        }
+    }
+    # Over HTTP/2 the host comes as :authority; the same answer.
+    address, port = base_url.removeprefix("http://").rsplit(":", 1)
+    key = [(b"authorization", f"Bearer {seeded.owner_key}".encode())]
+    status, body = await trio.to_thread.run_sync(
+        lambda: _over_http2(address, int(port), path, key, authority=host)
+    )
+    assert status == 400 and orjson.loads(body)["error"]["code"] == "invalid_request", body

@@ -33,8 +33,8 @@ from quart import (
 from quart.sessions import NullSession, SessionInterface
 from quart_trio import QuartTrio
 from quart_trio.wrappers import TrioRequest
-from werkzeug.exceptions import HTTPException
-from werkzeug.routing import WebsocketMismatch
+from werkzeug.exceptions import BadHost, BadRequest, HTTPException
+from werkzeug.routing import MapAdapter, WebsocketMismatch
 
 from inboxd import ids
 from inboxd.api.http import encoded_json, json_response, read_body
@@ -353,6 +353,16 @@ class InboxApp(QuartTrio):
                 return
         await super().asgi_app(scope, receive, send)
 
+    def create_url_adapter(self, request: Any) -> MapAdapter | None:
+        """A Host header that werkzeug cannot IDNA-encode (an empty label, a label over 63
+        characters: ``Host: a..b``) made binding the URL map raise ``BadHost`` while Quart set
+        up the request, before any error handler: hypercorn answered a bare 500. Such a request
+        now matches no route, with a 400 that the error handlers turn into the JSON answer."""
+        try:
+            return super().create_url_adapter(request)
+        except BadHost:
+            return cast(MapAdapter, _RefusedHost())
+
     async def handle_request(self, request: Request) -> Any:
         started = time.perf_counter()
         try:
@@ -387,6 +397,13 @@ class InboxApp(QuartTrio):
                     "ms": round(took * 1000, 2),
                 },
             )
+
+
+class _RefusedHost:
+    """The URL adapter of a request whose Host is not a host name: it matches nothing."""
+
+    def match(self, *args: Any, **kwargs: Any) -> Any:
+        raise BadRequest("the request's Host header is not a valid host name")
 
 
 # The methods the metrics label by name (RFC 9110's); any other is counted as OTHER.

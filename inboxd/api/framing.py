@@ -20,6 +20,12 @@ and wraps ``handle`` and ``_maybe_recycle`` (hypercorn 0.18). Should a later hyp
 any of them, ``install`` logs so and changes nothing rather than failing the daemon, and
 tests/test_api_errors.py fails.
 
+A websocket upgrade that hypercorn's ``WSStream`` refuses itself (no ``Sec-WebSocket-Key``, a
+``Sec-WebSocket-Version`` other than 13) got an empty 400 too, and its connection then stayed
+open, although the answer said ``connection: close``, until ``read_timeout``: the stream was
+never closed. ``install`` gives those answers the error object as well (``WSStream``'s
+``_send_error_response``) and closes the stream after them (a wrapped ``WSStream.handle``).
+
 ``install`` also shields hypercorn's closing of a connection (``TCPServer._close``). A request
 with ``Connection: close`` (or HTTP/1.0) is answered, and hypercorn then closes the socket from
 within the app's last ``send``; quart-trio meanwhile sees the request end and cancels that
@@ -31,9 +37,10 @@ finishes, within ``CLOSE_SECONDS``.
 from __future__ import annotations
 
 import logging
+import time
 from http import HTTPStatus
 from itertools import chain
-from typing import Any
+from typing import Any, Final
 
 import h11
 import orjson
@@ -63,12 +70,34 @@ def error_body(status: int) -> bytes:
     return orjson.dumps({"error": {"code": code, "message": message}})
 
 
+_WEBSOCKET_ERRORS: Final = {
+    400: (
+        "invalid_request",
+        "the websocket upgrade is not valid (it needs Sec-WebSocket-Key and"
+        " Sec-WebSocket-Version: 13)",
+    ),
+    403: ("forbidden", "the websocket upgrade was refused"),
+    404: ("not_found", "there is no such resource"),
+    500: ("internal_error", "the server failed; it is logged"),
+}
+
+
+def websocket_error_body(status: int) -> bytes:
+    """The CONTRACT's error object for a websocket upgrade that hypercorn answers itself."""
+    code, message = _WEBSOCKET_ERRORS.get(
+        status, ("http_error", f"websocket upgrade refused ({status})")
+    )
+    return orjson.dumps({"error": {"code": code, "message": message}})
+
+
 def install() -> bool:
     """Make hypercorn's own error answers JSON and its closes finish (once per process);
     whether it could."""
     try:
         from hypercorn.events import RawData
+        from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
         from hypercorn.protocol.h11 import H11Protocol
+        from hypercorn.protocol.ws_stream import WSStream
         from hypercorn.trio.tcp_server import TCPServer
     except ImportError:  # pragma: no cover (hypercorn is a dependency)
         return False
@@ -76,7 +105,16 @@ def install() -> bool:
     handle = getattr(H11Protocol, "handle", None)
     recycle = getattr(H11Protocol, "_maybe_recycle", None)
     close = getattr(TCPServer, "_close", None)
-    if original is None or handle is None or recycle is None or close is None:
+    ws_handle = getattr(WSStream, "handle", None)
+    ws_error = getattr(WSStream, "_send_error_response", None)
+    if (
+        original is None
+        or handle is None
+        or recycle is None
+        or close is None
+        or ws_handle is None
+        or ws_error is None
+    ):
         log.warning(
             "this hypercorn is not the one framing.py knows: its answers to malformed requests"
             " keep their empty bodies, and a close a request asked for may wait for the client"
@@ -124,6 +162,32 @@ def install() -> bool:
             await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())
 
+    async def ws_send_json_error(self: Any, status_code: int) -> None:
+        # As hypercorn's WSStream answers, with the JSON body.
+        body = websocket_error_body(status_code)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        await self.send(
+            Response(stream_id=self.stream_id, status_code=status_code, headers=headers)
+        )
+        await self.send(Body(stream_id=self.stream_id, data=body))
+        await self.send(EndBody(stream_id=self.stream_id))
+        await self.config.log.access(
+            self.scope, {"status": status_code, "headers": []}, time.time() - self.start_time
+        )
+
+    async def ws_closing_refusals(self: Any, event: Any) -> None:
+        # An upgrade WSStream refuses itself (no Sec-WebSocket-Key, a version other than 13)
+        # is answered and marked closed, but the stream is never closed, so the connection
+        # stayed open after its "connection: close" until read_timeout (60 s).
+        closed = self.closed
+        await ws_handle(self, event)
+        if self.closed and not closed and not isinstance(event, StreamClosed):
+            await self.send(StreamClosed(stream_id=self.stream_id))
+
     async def close_whole(self: Any) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_SECONDS):
             await close(self)
@@ -133,4 +197,6 @@ def install() -> bool:
     H11Protocol.handle = noting_head  # type: ignore[method-assign]
     H11Protocol._maybe_recycle = noting_next_head  # type: ignore[method-assign]
     H11Protocol._send_error_response = send_json_error  # type: ignore[method-assign]
+    WSStream.handle = ws_closing_refusals  # type: ignore[method-assign]
+    WSStream._send_error_response = ws_send_json_error  # type: ignore[method-assign]
     return True
