@@ -38,10 +38,13 @@ RESET_FRAME: Final = '{"type":"feed.reset"}'
 _JSON_BOOL: Final = {True: b"true", False: b"false"}
 
 
+SEQ_MAX: Final = 10**18 - 1  # the largest ``since`` / ``after`` taken: 18 digits
+
+
 def _seq_arg(name: str, raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(SEQ_MAX)):
         raise InvalidRequest(f"{name} must be a whole number (a seq from the feed)")
     return int(raw)
 

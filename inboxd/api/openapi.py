@@ -28,6 +28,7 @@ from inboxd import __version__
 from inboxd.api import inbox, messaging, team
 from inboxd.api.app import IDEMPOTENCY_KEY
 from inboxd.api.channels import MAX_URLS
+from inboxd.api.feed import SEQ_MAX
 from inboxd.api.http import DEFAULT_LIMIT, MAX_LIMIT
 from inboxd.api.openapi_schemas import (
     CHANNEL_MESSAGE_TYPES,
@@ -406,7 +407,7 @@ def conversation_operations() -> list[Entry]:
             description="Every rename writes one SYSTEM row and emits title_changed, also to"
             " the current title (previousTitle then equals title).",
             body=request_object(
-                {"title": string(f"1 to {inbox.MAX_TITLE} characters after trimming")},
+                {"title": string(f"1 to {inbox.MAX_TITLE} characters after trimming", minLength=1)},
                 required=["title"],
             ),
         ),
@@ -556,7 +557,7 @@ def team_operations() -> list[Entry]:
             ok("Invite", "The invite; the email to the person carries the accept token.", 201),
             body=request_object(
                 {
-                    "email": string(f"At most {MAX_EMAIL} characters once trimmed."),
+                    "email": string(f"At most {MAX_EMAIL} characters once trimmed.", minLength=1),
                     "channelIds": channel_ids,
                 },
                 required=["email", "channelIds"],
@@ -585,7 +586,7 @@ def team_operations() -> list[Entry]:
             body=request_object(
                 {
                     "token": string("from the invite email", maxLength=team.MAX_TOKEN),
-                    "name": string(f"1 to {MAX_NAME} characters after trimming"),
+                    "name": string(f"1 to {MAX_NAME} characters after trimming", minLength=1),
                 },
                 required=["token", "name"],
             ),
@@ -745,7 +746,11 @@ def feed_operations() -> list[Entry]:
         {101: {"description": "Switching Protocols: the websocket is open (see above)."}},
         access="public",
         description=FEED_DESCRIPTION,
-        parameters=[query("since", integer(minimum=0), "Replay the events after this `seq`.")],
+        parameters=[
+            query(
+                "since", integer(minimum=0, maximum=SEQ_MAX), "Replay the events after this `seq`."
+            )
+        ],
         errors={
             400: ["invalid_request"],
             401: ["unauthorized"],
@@ -763,7 +768,7 @@ def feed_operations() -> list[Entry]:
             parameters=[
                 query(
                     "after",
-                    integer(minimum=0, default=0),
+                    integer(minimum=0, maximum=SEQ_MAX, default=0),
                     "A `seq`: the previous page's `nextAfter`.",
                 ),
                 LIMIT,
@@ -888,8 +893,8 @@ specification leaves open; this document describes what the server does.
   offset. Ids are opaque strings.
 - **Idempotency-Key** on a keyed POST, PUT, PATCH or DELETE: a repeat with the same key and request
   within 24 h gets the first response again, with `Idempotent-Replayed: true`.
-- Every path also answers OPTIONS without a key (200 with `Allow`), and HEAD where it answers GET;
-  neither is listed."""
+- Every path but the feed's websocket also answers OPTIONS without a key (200 with `Allow`), and
+  HEAD where it answers GET; neither is listed."""
 
 TAGS: Final = (
     "conversations",
