@@ -721,3 +721,44 @@ async def test_a_retry_after_is_kept_across_a_stop(
             stop.set()
     assert retry.headers["x-svc-delivery"] == first.headers["x-svc-delivery"]
     assert 300 - 1e-6 <= retry.at - first.at <= 301
+
+
+async def test_a_redelivery_cut_short_by_a_stop_goes_on_after_the_start(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config, certs: Certs
+) -> None:
+    """A redelivery is a series of its own, and a stop does not start it over either: it went
+    out again at once after the start, as attempt 1 under the same id, without waiting for the
+    Retry-After its 503 gave (found by a review)."""
+    run_daemon = restartable_daemon(seeded, config)
+    async with running_receiver(certs) as receiver:
+        await fail_once_and_stop(run_daemon, seeded, receiver)  # answered 200: delivered
+        event_id = json.loads(receiver.requests[0].body)["id"]
+        receiver.statuses.append((503, {"Retry-After": "300"}))
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            async with owner_client(urls[0], seeded) as c:
+                redeliver = await c.post(f"{HOOK}/deliveries/{event_id}/redeliver")
+                assert redeliver.status_code == 202
+                await receiver.wait_for(2)
+                with trio.fail_after(5):
+                    while len((await c.get(f"{HOOK}/deliveries")).json()["deliveries"]) < 2:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+            stop.set()
+        await trio.sleep(30)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run_daemon, stop)
+            _, failed, retry = await receiver.wait_for(3, within=3600)
+            async with owner_client(urls[0], seeded) as c:
+                await recorded_outcomes(c, 3)
+                log = (await c.get(f"{HOOK}/deliveries")).json()["deliveries"]
+            stop.set()
+    assert retry.headers["x-svc-delivery"] == failed.headers["x-svc-delivery"]
+    assert failed.headers["x-svc-delivery"] != receiver.requests[0].headers["x-svc-delivery"]
+    assert [(d["attempt"], d["outcome"]) for d in log] == [
+        (2, "delivered"),
+        (1, "failed"),
+        (1, "delivered"),
+    ]
+    assert 300 - 1e-6 <= retry.at - failed.at <= 301

@@ -193,13 +193,16 @@ class SeriesSoFar:
     retry_after: float | None  # what the last one's answer asked for
 
 
-def series_so_far(conn: sqlite3.Connection, account_pk: int, event_seq: int) -> SeriesSoFar | None:
-    """The event's attempt series when a stop cut it short: its last recorded attempt failed
-    (neither delivered nor given up); else None."""
+def series_so_far(
+    conn: sqlite3.Connection, account_pk: int, event_seq: int, delivery_id: str
+) -> SeriesSoFar | None:
+    """The attempt series ``delivery_id`` of the event when a stop cut it short: its last
+    recorded attempt failed (neither delivered nor given up); else None. (Ids are made from the
+    event and the redelivery: a redelivery's series is told from the event's own by its id.)"""
     r = conn.execute(
         "SELECT delivery_id, attempt, outcome, at, retry_after FROM webhook_deliveries"
-        " WHERE event_seq = ? AND account_pk = ? ORDER BY pk DESC LIMIT 1",
-        (event_seq, account_pk),
+        " WHERE event_seq = ? AND account_pk = ? AND delivery_id = ? ORDER BY pk DESC LIMIT 1",
+        (event_seq, account_pk, delivery_id),
     ).fetchone()
     if r is None or r["outcome"] != "failed":
         return None

@@ -178,31 +178,35 @@ class InboxWebhookDeliverer:
         finally:
             self._recorder_running = False
 
-    async def _resume(self, event_seq: int, attempts: int) -> tuple[str, int, float] | None:
-        """For the first event since the start: if a stop cut its attempt series short, that
-        series' delivery id, the next attempt's number and the seconds until it is due (as the
-        schedule has it from the last attempt, and at least the Retry-After its answer gave)."""
+    async def _resume(
+        self, event_seq: int, delivery_id: str, attempts: int
+    ) -> tuple[int, float] | None:
+        """For the first event or redelivery since the start: if a stop cut its attempt series
+        short, the next attempt's number and the seconds until it is due (as the schedule has it
+        from the last attempt, and at least the Retry-After its answer gave)."""
         self._resumed = True
-        prior = await self._store.read(webhooks.series_so_far, self._account_pk, event_seq)
+        prior = await self._store.read(
+            webhooks.series_so_far, self._account_pk, event_seq, delivery_id
+        )
         if prior is None:
             return None
         done = min(prior.attempts, attempts - 1)
         last = Outcome(None, None, 0.0, retry_after=prior.retry_after)
         delay = retry_delay(self._schedule, done, last, self._rng)
         due_us = prior.last_at + round(delay * 1_000_000)
-        return prior.delivery_id, done + 1, max(0.0, (due_us - self._clock.now_us()) / 1_000_000)
+        return done + 1, max(0.0, (due_us - self._clock.now_us()) / 1_000_000)
 
     async def _deliver(self, work: webhooks.Work) -> None:
         event = work.event
         delivery_id = series_id(event.id, work.redelivery_pk)
         attempts = len(self._schedule) + 1
         first, wait = 1, 0.0
-        if work.redelivery_pk is None and not self._resumed:
-            # A stop between two attempts: go on with that series (its id, its count, its
-            # schedule), not a new one that would start from attempt 1 at once.
-            resumed = await self._resume(event.seq, attempts)
+        if not self._resumed:
+            # A stop between two attempts (of the event's series or of a redelivery's): go on
+            # with that series (its count, its schedule), not start over from attempt 1 at once.
+            resumed = await self._resume(event.seq, delivery_id, attempts)
             if resumed is not None:
-                delivery_id, first, wait = resumed
+                first, wait = resumed
         for attempt in range(first, attempts + 1):
             config = self._config.version
             if wait > 0:
