@@ -418,22 +418,24 @@ _UNDECODABLE_QUERY: Final = orjson.dumps(
 
 async def _refuse_undecodable(scope: Any, send: Any) -> None:
     """400 ``invalid_request`` (CONTRACT section 3), sent as ASGI messages: Quart cannot make a
-    request of it. A websocket is closed before it is accepted (the server answers 403)."""
-    if scope["type"] == "websocket":
-        await send({"type": "websocket.close", "code": 1008})
-        return
+    request of it. A websocket upgrade gets the same answer (the ASGI extension hypercorn
+    offers for answering one with HTTP), or, without it, is closed before it is accepted."""
     body = _UNDECODABLE_QUERY
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 400,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if scope["type"] == "websocket":
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        start, part = "websocket.http.response.start", "websocket.http.response.body"
+    else:
+        start, part = "http.response.start", "http.response.body"
+        if scope["method"] == "HEAD":
+            body = b""
+    await send({"type": start, "status": 400, "headers": headers})
+    await send({"type": part, "body": body})
 
 
 # How long a response waits for the rest of a request body it did not need (see

@@ -183,9 +183,12 @@ def install() -> bool:
         # An upgrade WSStream refuses itself (no Sec-WebSocket-Key, a version other than 13)
         # is answered and marked closed, but the stream is never closed, so the connection
         # stayed open after its "connection: close" until read_timeout (60 s).
+        # (Only a refusal: once accepted, hypercorn closes the stream itself after a close
+        # frame, from within this call.)
         closed = self.closed
         await ws_handle(self, event)
-        if self.closed and not closed and not isinstance(event, StreamClosed):
+        refused = self.closed and not closed and not self.handshake.accepted
+        if refused and not isinstance(event, StreamClosed):
             await self.send(StreamClosed(stream_id=self.stream_id))
 
     async def close_whole(self: Any) -> None:
