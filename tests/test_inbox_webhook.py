@@ -19,6 +19,7 @@ from inboxd import daemon
 from inboxd.clock import SystemClock
 from inboxd.config import Config, InboxWebhookConfig
 from inboxd.store.db import Appended, Store
+from inboxd.timeutil import format_us, parse_instant
 from inboxd.webhooks import catalog, inbox
 from tests.conftest import (
     OPENAPI_HOOKS,
@@ -92,7 +93,13 @@ async def test_configuration_lifecycle(owner: httpx.AsyncClient) -> None:
     assert "secret" not in empty
     assert [e["type"] for e in empty["events"]] == [t for t, _, _ in catalog.EVENTS]
     assert len(empty["events"]) == 11
-    assert set(empty["envelope"]) == {"id", "type", "createdAt", "data"}
+    # The body's shape with the spec's types (it was each field described in a string).
+    envelope = empty["envelope"]
+    assert set(envelope) == {"id", "type", "createdAt", "data"}
+    assert envelope["type"] == catalog.EVENTS[0][0] and envelope["id"].startswith("evt_")
+    assert format_us(parse_instant(envelope["createdAt"])) == envelope["createdAt"]
+    assert isinstance(envelope["data"], dict)
+    assert envelope["data"] == empty["events"][0]["example"]
 
     created = await save(owner, "https://hooks.example.com/inbox")
     assert created["created"] is True

@@ -199,8 +199,13 @@ def _inbox_webhook_fields() -> dict[str, Schema]:
         "lastDeliveryError": nullable(string()),
         "events": array(ref("WebhookEventDescription"), "every event the webhook can send"),
         "envelope": record(
-            {name: string() for name in ("id", "type", "createdAt", "data")},
-            description="The envelope's fields, each described in words.",
+            {
+                "id": string("the event id; receivers dedupe on it"),
+                "type": string("the event type"),
+                "createdAt": date_time("when the change was committed"),
+                "data": {"type": "object", "description": "the fields of the event type"},
+            },
+            description="The shape of the body that is posted: the first event's example.",
         ),
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from inboxd.store import events as ev
+from inboxd.timeutil import format_us
 
 _CONV: Final = "conv_5v2ka7cgbd4mmvnq3xzs"
 _CHAN: Final = "ch_3nd7h2wq6ykhbyqy2ulr"
@@ -111,11 +112,13 @@ EVENTS: Final[tuple[tuple[str, str, dict[str, Any]], ...]] = (
 
 WEBHOOK_TYPES: Final = frozenset(t for t, _, _ in EVENTS)
 
+# The shape of the JSON body that is posted, with the spec's types (id: string, type: string,
+# createdAt: date-time, data: object): the first event's example as it would be delivered.
 ENVELOPE: Final = {
-    "id": "string: the event id (receivers dedupe on it)",
-    "type": "string: the event type",
-    "createdAt": "date-time: when the change was committed",
-    "data": "object: the fields of the event type (see events)",
+    "id": "evt_5v2kb3qkyqmfzt7wj4ha",
+    "type": EVENTS[0][0],
+    "createdAt": format_us(1_768_473_000_000_000),
+    "data": EVENTS[0][2],
 }
 
 
