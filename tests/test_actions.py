@@ -441,3 +441,56 @@ async def test_a_write_acts_for_the_key_as_it_is_when_the_write_runs(
     (answer,) = answers
     assert answer.status_code == refused, answer.text
     assert (await owner.get(f"{CONV}/{conv}")).json()["status"] == "OPEN"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PATCH", "/api/v1/inbox/conversations/{conv}/title", {"title": "after"}),
+        ("PUT", "/api/v1/inbox/webhook", {"url": "https://hooks.example.com/after"}),
+        ("POST", "/api/v1/inbox/webhook/secret", {}),
+        ("POST", "/api/v1/channels/{channel}/webhook", {"urls": ["https://crm.example.com/x"]}),
+        ("PATCH", "/api/v1/channels/{channel}/settings", {"notifications": {"email": False}}),
+    ],
+)
+async def test_an_owner_write_under_way_when_its_key_is_revoked_changes_nothing(
+    base_url: str, owner: httpx.AsyncClient, seeded: Seed, method: str, path: str, body: Any
+) -> None:
+    """A second owner key sends its request's headers (authenticated), then its body after
+    the key was revoked. The webhook and channel settings writes, whose store functions take
+    the account or channel, went through with the revoked key (a review found it): the inbox
+    webhook pointed elsewhere, its new secret handed over, the owner's emails turned off."""
+    import trio
+    import trio.testing
+
+    conv = (await ingest(owner, seeded.sales_id, "15550001", content="x"))["conversationId"]
+    await owner.put("/api/v1/inbox/webhook", json={"url": "https://hooks.example.com/before"})
+    await owner.post(f"/api/v1/channels/{seeded.sales_id}/webhook", json={"urls": []})
+
+    async def state() -> list[Any]:
+        return [
+            (await owner.get(f"{CONV}/{conv}")).json()["title"],
+            (await owner.get("/api/v1/inbox/webhook")).json(),
+            (await owner.get(f"/api/v1/channels/{seeded.sales_id}/settings")).json(),
+        ]
+
+    before = await state()
+    key = (await owner.post("/api/v1/inbox/keys", json={})).json()
+    raw = json.dumps(body).encode()
+    host, port = base_url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(
+            f"{method} {path.format(conv=conv, channel=seeded.sales_id)} HTTP/1.1\r\n"
+            f"Host: x\r\nAuthorization: Bearer {key['apiKey']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
+        )
+        await trio.testing.wait_all_tasks_blocked(cushion=0.2)  # waiting for its body
+        assert (await owner.delete(f"/api/v1/inbox/keys/{key['keyId']}")).status_code == 200
+        await stream.send_all(raw)
+        answer = b""
+        with trio.fail_after(10):
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                answer += await stream.receive_some()
+    assert answer.startswith(b"HTTP/1.1 401 "), answer
+    assert await state() == before

@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 import attrs
 import orjson
@@ -51,6 +51,8 @@ from inboxd.webhooks.channel import ChannelWebhookHub
 
 log = logging.getLogger("inboxd.api")
 access_log = logging.getLogger("inboxd.access")
+
+T = TypeVar("T")
 
 _HTTP_CODES: Final = {
     400: "invalid_request",
@@ -179,6 +181,13 @@ def owner_only(doing: str) -> Callable[[], Awaitable[None]]:
             require_owner(doing)
 
     return hook
+
+
+async def write_as_owner(fn: Callable[..., T], *args: object) -> T:
+    """``store.write(fn, *args)`` for an owner-only write whose function takes the account or a
+    channel, not the principal: run through ``accounts.as_owner``, so that the request's key
+    is read again in the write (a key revoked meanwhile gets 401 and changes nothing)."""
+    return await state().store.write(accounts.as_owner, principal(), fn, *args)
 
 
 def require_owner(doing: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from quart import Blueprint, Response, request
 
-from inboxd.api.app import authenticate, now_us, owner_only, principal, state
+from inboxd.api.app import authenticate, now_us, owner_only, principal, state, write_as_owner
 from inboxd.api.http import field, json_body, json_response
 from inboxd.errors import InvalidRequest, NotFound
 from inboxd.store import accounts
@@ -88,7 +88,7 @@ async def replace_urls(channel_id: str) -> Response:
     allow_private = state().config.webhooks.allow_private_hosts
     for url in urls:
         validate_url(url, allow_private=allow_private)
-    secret = await state().store.write(cw.replace_urls, pk, urls, now_us(), _min_created_at())
+    secret = await write_as_owner(cw.replace_urls, pk, urls, now_us(), _min_created_at())
     await _reconcile()
     body = await _settings(pk, channel_id)
     if secret is not None:
@@ -100,7 +100,7 @@ async def replace_urls(channel_id: str) -> Response:
 async def rotate_secret(channel_id: str) -> Response:
     pk = await _channel_pk(channel_id)
     await json_body(required=False)
-    secret = await state().store.write(cw.rotate_secret, pk, now_us())
+    secret = await write_as_owner(cw.rotate_secret, pk, now_us())
     body = await _settings(pk, channel_id)
     body["secret"] = secret
     return json_response(body)
@@ -117,7 +117,7 @@ async def patch_settings(channel_id: str) -> Response:
     pk = await _channel_pk(channel_id)
     notifications = field(await json_body(), "notifications", dict, required=True)
     email = field(notifications, "email", bool, required=True)
-    await state().store.write(cw.set_notify_email, pk, email, now_us())
+    await write_as_owner(cw.set_notify_email, pk, email, now_us())
     return json_response(await _settings(pk, channel_id))
 
 

@@ -7,7 +7,14 @@ from typing import Any
 from quart import Blueprint, Response
 
 from inboxd import cursors
-from inboxd.api.app import authenticate, now_us, principal, require_owner, state
+from inboxd.api.app import (
+    authenticate,
+    now_us,
+    principal,
+    require_owner,
+    state,
+    write_as_owner,
+)
 from inboxd.api.http import arg_cursor, arg_limit, field, json_body, json_response
 from inboxd.store import webhooks
 from inboxd.timeutil import format_opt, format_us
@@ -52,14 +59,14 @@ async def put_webhook() -> Response:
     body = await json_body()
     url = field(body, "url", str, required=True)
     validate_url(url, allow_private=state().config.webhooks.allow_private_hosts)
-    saved = await state().store.write(webhooks.put, principal().account_pk, url, now_us())
+    saved = await write_as_owner(webhooks.put, principal().account_pk, url, now_us())
     return _saved(saved)
 
 
 @blueprint.delete("")
 async def delete_webhook() -> Response:
     require_owner("change the inbox webhook")
-    removed = await state().store.write(webhooks.delete, principal().account_pk)
+    removed = await write_as_owner(webhooks.delete, principal().account_pk)
     return json_response({"removed": removed})
 
 
@@ -67,7 +74,7 @@ async def delete_webhook() -> Response:
 async def rotate_secret() -> Response:
     require_owner("change the inbox webhook")
     await json_body(required=False)
-    saved = await state().store.write(webhooks.rotate, principal().account_pk, now_us())
+    saved = await write_as_owner(webhooks.rotate, principal().account_pk, now_us())
     return _saved(saved)
 
 
@@ -104,5 +111,5 @@ async def list_deliveries() -> Response:
 async def redeliver(event_id: str) -> Response:
     require_owner("redeliver inbox webhook events")
     await json_body(required=False)
-    await state().store.write(webhooks.queue_redelivery, principal().account_pk, event_id, now_us())
+    await write_as_owner(webhooks.queue_redelivery, principal().account_pk, event_id, now_us())
     return json_response({"eventId": event_id, "queued": True}, 202)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hmac
 import sqlite3
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 import attrs
 
 from inboxd import ids
-from inboxd.errors import InvalidRequest, NotFound, StoreError, Unauthorized
+from inboxd.errors import Forbidden, InvalidRequest, NotFound, StoreError, Unauthorized
 from inboxd.model import (
     ROLE_OPERATOR,
     ROLE_OWNER,
@@ -237,6 +238,20 @@ def live_args(conn: sqlite3.Connection, args: tuple[object, ...]) -> tuple[objec
             a = now
         live.append(a)
     return tuple(live)
+
+
+T = TypeVar("T")
+
+
+def as_owner(conn: sqlite3.Connection, who: Principal, fn: Callable[..., T], *args: object) -> T:
+    """``fn(conn, *args)``, a write of the owner's that takes the account or a channel rather
+    than the principal (the inbox and channel webhooks' settings), for the owner's key as it is
+    when the write runs: ``who`` comes here through ``live_args``, so a key revoked after the
+    request began changes nothing (401). Without it such a request went through, and a revoked
+    key could point the webhook at its own URL and be handed the new signing secret."""
+    if not who.is_owner:
+        raise Forbidden("only the account owner's key may change this")
+    return fn(conn, *args)
 
 
 _LIVE_KEY: Final = (
