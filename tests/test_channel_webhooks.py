@@ -9,7 +9,9 @@ from __future__ import annotations
 import email
 import email.policy
 import json
+import sqlite3
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 
+from inboxd import daemon
 from inboxd.config import Config
 from tests.conftest import (
     Seed,
@@ -610,3 +613,45 @@ async def test_a_retry_after_a_restart_keeps_the_delivery_id(
     # Another URL's delivery of the same message is a series of its own.
     assert other.requests[0].headers["x-svc-delivery"] != first
     assert other.requests[0].body == receiver.requests[0].body
+
+
+async def test_a_url_list_saved_for_a_client_that_left_is_delivered_to(
+    seeded: Seed, config: Config, certs: Certs
+) -> None:
+    """The route saves the list, then starts the URL's supervisor. A client that went away
+    while the write ran had the request cancelled at that second step: the list was saved and
+    shown as delivering, but nothing ever delivered to it until another list was saved or the
+    daemon restarted (found by a review). The real clock and store threads, as the daemon runs;
+    another connection holds SQLite's write lock so that the write waits a moment."""
+    stop = trio.Event()
+    async with running_receiver(certs) as receiver, trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            partial(daemon.run, seeded.data_dir, config, stop, bind="127.0.0.1:0")
+        )
+        host, port = urls[0].removeprefix("http://").split(":")
+        body = json.dumps({"urls": [receiver.url]}).encode()
+        blocker = sqlite3.connect(seeded.data_dir / "inboxd.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(
+                f"POST {hook(seeded.sales_id)} HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {seeded.owner_key}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await trio.sleep(0.5)  # the write is waiting for the lock
+            await stream.aclose()  # the client gives up
+            await trio.sleep(0.2)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        async with httpx.AsyncClient(base_url=urls[0], headers=auth(seeded.owner_key)) as c:
+            with trio.fail_after(10):  # the write commits once the lock is free
+                while (await c.get(hook(seeded.sales_id))).json()["urls"] != [receiver.url]:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await send(c, seeded, "after")
+            with trio.move_on_after(10):
+                await receiver.wait_for(1)
+        stop.set()
+    assert [json.loads(r.body)["data"]["content"] for r in receiver.requests] == ["after"]

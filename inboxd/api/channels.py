@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import trio
 from quart import Blueprint, Response, request
 
 from inboxd.api.app import authenticate, now_us, owner_only, principal, state, write_as_owner
@@ -89,7 +90,10 @@ async def replace_urls(channel_id: str) -> Response:
     for url in urls:
         validate_url(url, allow_private=allow_private)
     secret = await write_as_owner(cw.replace_urls, pk, urls, now_us(), _min_created_at())
-    await _reconcile()
+    # Committed: the supervisors must follow even if the client has gone meanwhile (its
+    # request is then cancelled at the next checkpoint, and nothing else would start them).
+    with trio.CancelScope(shield=True):
+        await _reconcile()
     body = await _settings(pk, channel_id)
     if secret is not None:
         body["secret"] = secret
