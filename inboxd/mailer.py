@@ -141,6 +141,9 @@ class Mailer:
                 extra={"mail": m.pk, "to": m.to_addr, "error": str(exc), "retry_in": pause},
             )
             return
-        await self._store.write(mail.mark_sent, m.pk, self._clock.now_us())
+        # The server has the mail: record that even if the daemon is stopping (a stop that
+        # came during the send cancelled the record, and the next run sent the mail again).
+        with trio.CancelScope(shield=True):
+            await self._store.write(mail.mark_sent, m.pk, self._clock.now_us())
         self._retry_at.pop(m.pk, None)
         log.info("mail sent", extra={"mail": m.pk, "to": m.to_addr, "subject": m.subject})

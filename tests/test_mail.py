@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import email
 import socket
+import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import httpx
@@ -250,3 +253,58 @@ async def test_a_notice_waiting_for_the_mail_server_is_not_sent_after_the_owner_
                 controller.stop()
         stop.set()
     assert [m["To"] for m in inbox.messages] == ["later@example.com"]
+
+
+class SlowInbox(Inbox):
+    """Takes a second to accept each mail, as a busy mail server may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taking = threading.Event()
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.taking.set()
+        await asyncio.sleep(1.0)
+        return await super().handle_DATA(server, session, envelope)
+
+
+async def test_a_mail_the_server_took_while_the_daemon_stopped_is_not_sent_again(
+    seeded: Seed,
+) -> None:
+    """The daemon stopped while the mail server was taking a mail: the server accepted it, but
+    recording it as sent was cancelled by the stop, so the next start sent it again (CONTRACT
+    section 7: exactly one email per transition; found by a review). The real clock and the
+    store's worker threads, as the daemon runs: the send is in a thread a stop waits for."""
+    inbox, port = SlowInbox(), free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    config = Config(
+        mail=MailConfig(smtp_host="127.0.0.1", smtp_port=port),
+        limits=LimitsConfig(requests_per_second=0),
+    )
+    stop = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(
+                partial(daemon.run, seeded.data_dir, config, stop, bind="127.0.0.1:0")
+            )
+            async with httpx.AsyncClient(base_url=urls[0], headers=auth(seeded.owner_key)) as c:
+                invite = {"email": "slow@example.com", "channelIds": []}
+                assert (await c.post(f"{TEAM}/invites", json=invite)).status_code == 201
+            with trio.fail_after(10):
+                while not inbox.taking.is_set():  # noqa: ASYNC110 (the server's thread)
+                    await trio.sleep(0.01)
+            stop.set()  # while the server takes the mail
+    finally:
+        controller.stop()
+    assert len(inbox.messages) == 1
+    store = Store.open(seeded.data_dir, readers=1)
+    try:
+        unsent = store.read_sync(
+            lambda conn: conn.execute(
+                "SELECT count(*) FROM mail_outbox WHERE sent_at IS NULL"
+            ).fetchone()[0]
+        )
+    finally:
+        store.close()
+    assert unsent == 0  # so the next start sends nothing
