@@ -427,15 +427,15 @@ async def test_a_body_that_never_comes_closes_the_connection_after_a_while(
     await stream.aclose()
 
 
-async def raw_bytes(base_url: str, request: bytes) -> bytes:
+async def raw_bytes(base_url: str, request: bytes, within: float = 10) -> bytes:
     """Send ``request`` as it is over a new connection; what comes back until the server
-    closes it."""
+    closes it (``within`` seconds, or the test fails)."""
     host, port = base_url.split("//")[1].rstrip("/").split(":")
     stream = await trio.open_tcp_stream(host, int(port))
     async with stream:
         await stream.send_all(request)
         received = b""
-        with trio.fail_after(10):
+        with trio.fail_after(within):
             while chunk := await stream.receive_some(65536):
                 received += chunk
     return received
@@ -576,14 +576,8 @@ async def test_a_connection_the_client_asked_to_close_is_closed_after_the_answer
     """The answer to a request with "Connection: close" (or HTTP/1.0) is followed by the end
     of the connection. quart-trio used to cancel hypercorn's close half-way, so the socket
     stayed open until the client closed it or read_timeout (60 s) passed."""
-    host, port = base_url.split("//")[1].rstrip("/").split(":")
-    stream = await trio.open_tcp_stream(host, int(port))
-    async with stream:
-        await stream.send_all(request_bytes)
-        received = b""
-        with trio.fail_after(5):  # the read timeout is 60 s; a close takes milliseconds
-            while chunk := await stream.receive_some(65536):
-                received += chunk
+    # (The read timeout is 60 s; a close takes milliseconds.)
+    received = await raw_bytes(base_url, request_bytes, within=5)
     assert received.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 401 "))
     assert received.endswith(b"}")  # the whole answer came before the end
 
@@ -605,14 +599,7 @@ async def test_a_websocket_upgrade_hypercorn_refuses_gets_the_json_400_and_the_c
     connection open, although the answer said "connection: close", until read_timeout (60 s)
     (found by a review)."""
     request = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + upgrade + b"\r\n"
-    host, port = base_url.split("//")[1].rstrip("/").split(":")
-    stream = await trio.open_tcp_stream(host, int(port))
-    async with stream:
-        await stream.send_all(request)
-        received = b""
-        with trio.fail_after(5):  # the read timeout is 60 s; a close takes milliseconds
-            while chunk := await stream.receive_some(65536):
-                received += chunk
+    received = await raw_bytes(base_url, request, within=5)  # (the read timeout is 60 s)
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head
     assert orjson.loads(body)["error"] == {
