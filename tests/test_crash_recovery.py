@@ -16,7 +16,7 @@ import httpx
 import trio
 
 from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest
-from tests.receiver import make_certs, running_receiver
+from tests.receiver import Certs, make_certs, running_receiver
 
 
 def free_port() -> int:
@@ -78,27 +78,31 @@ async def hook_and_block(api: httpx.AsyncClient, seeded: Seed, url: str) -> None
     assert (await api.post(f"/api/v1/inbox/conversations/{conv}/block")).status_code == 200
 
 
+@asynccontextmanager
+async def daemon_process(
+    seeded: Seed, port: int, certs: Certs, api: httpx.AsyncClient, stop_with: signal.Signals
+) -> AsyncIterator[None]:
+    """``inboxd serve`` in a process of its own, ready; ended with ``stop_with``."""
+    proc = start_daemon(seeded.data_dir, port, certs.ca_file)
+    try:
+        await wait_ready(api)
+        yield
+    finally:
+        proc.send_signal(stop_with)
+        proc.wait(timeout=15)
+
+
 async def test_sigkill_before_delivery_then_restart_delivers(seeded: Seed, tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "tls")
     port = free_port()
     async with running_receiver(certs) as receiver, api_client(port, seeded) as api:
         receiver.statuses += [503] * 5  # the receiver is down while the first daemon runs
-        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
-        try:
-            await wait_ready(api)
+        async with daemon_process(seeded, port, certs, api, signal.SIGKILL):
             await hook_and_block(api, seeded, receiver.url)
             (failed,) = await receiver.wait_for(1, within=30)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
         receiver.statuses.clear()  # the receiver is back
-        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
-        try:
-            await wait_ready(api)
+        async with daemon_process(seeded, port, certs, api, signal.SIGTERM):
             got = await receiver.wait_for(2, within=30)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=15)
     delivered = json.loads(got[1].body)
     assert delivered["type"] == "inbox.conversation.blocked"
     assert delivered["id"] == json.loads(failed.body)["id"]
@@ -115,21 +119,11 @@ async def test_sigkill_during_an_attempt_keeps_the_delivery_id(
     port = free_port()
     async with running_receiver(certs) as receiver, api_client(port, seeded) as api:
         receiver.hang = True  # the first attempt is in flight when the daemon dies
-        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
-        try:
-            await wait_ready(api)
+        async with daemon_process(seeded, port, certs, api, signal.SIGKILL):
             await hook_and_block(api, seeded, receiver.url)
             (first,) = await receiver.wait_for(1, within=30)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
         receiver.hang = False
-        proc = start_daemon(seeded.data_dir, port, certs.ca_file)
-        try:
-            await wait_ready(api)
+        async with daemon_process(seeded, port, certs, api, signal.SIGTERM):
             again = (await receiver.wait_for(2, within=30))[1]
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=15)
     assert json.loads(again.body)["id"] == json.loads(first.body)["id"]  # the same event
     assert again.headers["x-svc-delivery"] == first.headers["x-svc-delivery"]
