@@ -40,3 +40,11 @@ def setup(level: str = "info") -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
+    # The HTTP/2 libraries log every header they decode at debug (API keys, the unsubscribe
+    # link's token in a path), and httpcore each step of every outgoing request: at most their
+    # warnings, whatever the level. Secrets never reach the log (README, Configuration).
+    for name in WIRE_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+
+
+WIRE_LOGGERS: Final = ("hpack", "h2", "httpcore")
