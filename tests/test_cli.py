@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -46,6 +47,9 @@ def test_init_prints_the_owner_key_once_and_is_idempotent(tmp_path: Path) -> Non
     # Keys are stored only as hashes.
     raw = (tmp_path / "d" / "inboxd.db").read_bytes()
     assert first["apiKey"].encode() not in raw
+    # A new data directory is its owner's alone (it holds the webhooks' signing secrets); it
+    # was made with the process's umask, readable by all (a review found it).
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o700
 
 
 def test_data_dir_from_environment(tmp_path: Path) -> None:

@@ -627,7 +627,9 @@ class Store:
         if not store_exists(data_dir):
             if not create:
                 raise StoreError(f"no inboxd store in {data_dir} (run 'inboxd init --data DIR')")
-            data_dir.mkdir(parents=True, exist_ok=True)
+            # Only its owner may enter a new data directory: the store holds the webhooks'
+            # signing secrets and every message (the systemd unit's UMask=0077 does the same).
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         elif not data_dir.is_dir():
             raise StoreError(f"{data_dir} is not a directory")
         try:
