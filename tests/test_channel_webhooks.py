@@ -22,6 +22,7 @@ import trio.testing
 
 from inboxd import daemon
 from inboxd.config import Config
+from inboxd.store.writer import WriterProcess
 from tests.conftest import (
     Seed,
     auth,
@@ -648,6 +649,58 @@ async def test_a_url_list_saved_for_a_client_that_left_is_delivered_to(
             blocker.close()
         async with httpx.AsyncClient(base_url=urls[0], headers=auth(seeded.owner_key)) as c:
             with trio.fail_after(10):  # the write commits once the lock is free
+                while (await c.get(hook(seeded.sales_id))).json()["urls"] != [receiver.url]:  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await send(c, seeded, "after")
+            with trio.move_on_after(10):
+                await receiver.wait_for(1)
+        stop.set()
+    assert [json.loads(r.body)["data"]["content"] for r in receiver.requests] == ["after"]
+
+
+async def test_a_url_list_saved_in_another_writes_batch_for_a_client_that_left_is_delivered_to(
+    seeded: Seed, config: Config, certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same when the list's write waits for a batch another request leads: that wait was
+    cancelled when the client left, while the batch committed the list (the review of the
+    fix above found it). Each batch is made to take half a second (a slow disk's fsync)."""
+    run = WriterProcess.run
+
+    async def slow_run(self: WriterProcess, batch: Any) -> Any:
+        await trio.sleep(0.5)
+        return await run(self, batch)
+
+    monkeypatch.setattr(WriterProcess, "run", slow_run)
+    stop = trio.Event()
+    async with running_receiver(certs) as receiver, trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            partial(daemon.run, seeded.data_dir, config, stop, bind="127.0.0.1:0")
+        )
+        host, port = urls[0].removeprefix("http://").split(":")
+        async with httpx.AsyncClient(base_url=urls[0], headers=auth(seeded.owner_key)) as c:
+
+            async def other_write(email: bool) -> None:
+                other = await c.patch(
+                    settings_path(seeded.support_id), json={"notifications": {"email": email}}
+                )
+                assert other.status_code == 200, other.text
+
+            async with trio.open_nursery() as writes:
+                writes.start_soon(other_write, False)  # leads the first batch (0.5 s)
+                await trio.sleep(0.1)
+                writes.start_soon(other_write, True)  # will lead the next: it and the list
+                await trio.sleep(0.1)
+                body = json.dumps({"urls": [receiver.url]}).encode()
+                stream = await trio.open_tcp_stream(host, int(port))
+                await stream.send_all(
+                    f"POST {hook(seeded.sales_id)} HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer {seeded.owner_key}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await trio.sleep(0.5)  # the second batch runs until about 1.0 s
+                await stream.aclose()  # the client gives up meanwhile
+            with trio.fail_after(10):
                 while (await c.get(hook(seeded.sales_id))).json()["urls"] != [receiver.url]:  # noqa: ASYNC110
                     await trio.sleep(0.05)
             await send(c, seeded, "after")

@@ -89,10 +89,12 @@ async def replace_urls(channel_id: str) -> Response:
     allow_private = state().config.webhooks.allow_private_hosts
     for url in urls:
         validate_url(url, allow_private=allow_private)
-    secret = await write_as_owner(cw.replace_urls, pk, urls, now_us(), _min_created_at())
-    # Committed: the supervisors must follow even if the client has gone meanwhile (its
-    # request is then cancelled at the next checkpoint, and nothing else would start them).
+    # Once the list is taken for a batch it commits, and its supervisors must follow even if
+    # the client has gone meanwhile (the request is then cancelled at its next checkpoint, which
+    # may be the wait for another write's batch; nothing else would start them): the write
+    # and the reconcile after it are not cancelled.
     with trio.CancelScope(shield=True):
+        secret = await write_as_owner(cw.replace_urls, pk, urls, now_us(), _min_created_at())
         await _reconcile()
     body = await _settings(pk, channel_id)
     if secret is not None:
