@@ -753,3 +753,60 @@ async def test_a_websocket_the_client_closes_is_closed_once(
             await trio.sleep(0.01)
     await trio.sleep(0.2)  # (a second one would come at once)
     assert len(closes) == 1
+
+
+def _websocket_with_early_data(host: str, port: int, key: str) -> None:
+    """An extended CONNECT for the feed over HTTP/2, followed at once by a websocket frame,
+    before the answer; read until the stream ends or the server stops answering."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+    with socket.create_connection((host, port), timeout=3) as s:
+        conn.initiate_connection()
+        s.sendall(conn.data_to_send())
+        while not any(
+            isinstance(e, h2.events.RemoteSettingsChanged) for e in conn.receive_data(s.recv(65536))
+        ):
+            pass
+        stream = conn.get_next_available_stream_id()
+        request = [(b":method", b"CONNECT"), (b":protocol", b"websocket")]
+        request += [(b":path", b"/api/v1/inbox/feed"), (b":scheme", b"http")]
+        request += [(b":authority", b"inboxd"), (b"sec-websocket-version", b"13")]
+        conn.send_headers(stream, [*request, (b"authorization", f"Bearer {key}".encode())])
+        conn.send_data(stream, b"\x81\x80\x00\x00\x00\x00")  # an empty masked text frame
+        s.sendall(conn.data_to_send())
+        try:
+            while data := s.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                        return
+                s.sendall(conn.data_to_send())
+        except (TimeoutError, h2.exceptions.ProtocolError):
+            pass
+
+
+async def test_a_websocket_refused_for_early_data_leaves_no_feed_client(
+    base_url: str, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hypercorn refuses a frame that comes before the answer (400), while the feed's handler,
+    already started for the upgrade, may accept and register; every later event of the closed
+    stream was dropped, its disconnect too, so the handler stayed registered after the client
+    left (found by a review). A race: on the old code this failed in about a third of runs."""
+    from inboxd.feed import FeedHub
+
+    hubs: list[FeedHub] = []
+    register = FeedHub.register
+
+    def noting(self: FeedHub, who: Any) -> Any:
+        hubs.append(self)
+        return register(self, who)
+
+    monkeypatch.setattr(FeedHub, "register", noting)
+    host, port = base_url.removeprefix("http://").split(":")
+    await trio.to_thread.run_sync(
+        lambda: _websocket_with_early_data(host, int(port), seeded.owner_key)
+    )
+    await trio.sleep(1.0)  # the client is gone
+    assert all(not hub.clients for hub in hubs)

@@ -183,13 +183,19 @@ def install() -> bool:
         # An upgrade WSStream refuses itself (no Sec-WebSocket-Key, a version other than 13)
         # is answered and marked closed, but the stream is never closed, so the connection
         # stayed open after its "connection: close" until read_timeout (60 s).
-        # (Only a refusal: once accepted, hypercorn closes the stream itself after a close
-        # frame, from within this call.)
+        # Only a refusal, judged by the state before the call: once accepted, hypercorn closes
+        # the stream itself after a close frame, from within this call; but an app started for
+        # the upgrade may accept while a refusal of early data is being sent (HTTP/2). Such an
+        # app is told the client is gone: hypercorn drops every later event of a closed stream,
+        # its disconnect included, and the feed's handler stayed registered.
         closed = self.closed
+        handshake = getattr(self, "handshake", None)
+        accepted = handshake is not None and handshake.accepted
         await ws_handle(self, event)
-        refused = self.closed and not closed and not self.handshake.accepted
-        if refused and not isinstance(event, StreamClosed):
+        if self.closed and not closed and not accepted and not isinstance(event, StreamClosed):
             await self.send(StreamClosed(stream_id=self.stream_id))
+            if self.app_put is not None:
+                await self.app_put({"type": "websocket.disconnect", "code": 1006})
 
     async def close_whole(self: Any) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_SECONDS):
