@@ -616,6 +616,33 @@ async def test_a_retry_after_a_restart_keeps_the_delivery_id(
     assert other.requests[0].body == receiver.requests[0].body
 
 
+async def save_and_leave(base_url: str, seeded: Seed, url: str, after: float) -> None:
+    """Send the request that saves ``url`` as the sales channel's list, and close the
+    connection ``after`` seconds, without waiting for the answer."""
+    host, port = base_url.removeprefix("http://").split(":")
+    body = json.dumps({"urls": [url]}).encode()
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(
+        f"POST {hook(seeded.sales_id)} HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {seeded.owner_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await trio.sleep(after)
+    await stream.aclose()  # the client gives up
+
+
+async def sent_once_saved(c: httpx.AsyncClient, seeded: Seed, receiver: Receiver) -> None:
+    """Once the receiver's URL is the saved list, send a message "after" and wait up to 10 s
+    for the receiver to get something."""
+    with trio.fail_after(10):
+        while (await c.get(hook(seeded.sales_id))).json()["urls"] != [receiver.url]:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    await send(c, seeded, "after")
+    with trio.move_on_after(10):
+        await receiver.wait_for(1)
+
+
 async def test_a_url_list_saved_for_a_client_that_left_is_delivered_to(
     seeded: Seed, config: Config, certs: Certs
 ) -> None:
@@ -629,31 +656,16 @@ async def test_a_url_list_saved_for_a_client_that_left_is_delivered_to(
         urls = await nursery.start(
             partial(daemon.run, seeded.data_dir, config, stop, bind="127.0.0.1:0")
         )
-        host, port = urls[0].removeprefix("http://").split(":")
-        body = json.dumps({"urls": [receiver.url]}).encode()
         blocker = sqlite3.connect(seeded.data_dir / "inboxd.db", isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         try:
-            stream = await trio.open_tcp_stream(host, int(port))
-            await stream.send_all(
-                f"POST {hook(seeded.sales_id)} HTTP/1.1\r\nHost: x\r\n"
-                f"Authorization: Bearer {seeded.owner_key}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            await trio.sleep(0.5)  # the write is waiting for the lock
-            await stream.aclose()  # the client gives up
+            await save_and_leave(urls[0], seeded, receiver.url, 0.5)  # waiting for the lock
             await trio.sleep(0.2)
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
         async with httpx.AsyncClient(base_url=urls[0], headers=auth(seeded.owner_key)) as c:
-            with trio.fail_after(10):  # the write commits once the lock is free
-                while (await c.get(hook(seeded.sales_id))).json()["urls"] != [receiver.url]:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
-            await send(c, seeded, "after")
-            with trio.move_on_after(10):
-                await receiver.wait_for(1)
+            await sent_once_saved(c, seeded, receiver)  # (it commits once the lock is free)
         stop.set()
     assert [json.loads(r.body)["data"]["content"] for r in receiver.requests] == ["after"]
 
@@ -676,7 +688,6 @@ async def test_a_url_list_saved_in_another_writes_batch_for_a_client_that_left_i
         urls = await nursery.start(
             partial(daemon.run, seeded.data_dir, config, stop, bind="127.0.0.1:0")
         )
-        host, port = urls[0].removeprefix("http://").split(":")
         async with httpx.AsyncClient(base_url=urls[0], headers=auth(seeded.owner_key)) as c:
 
             async def other_write(email: bool) -> None:
@@ -690,21 +701,8 @@ async def test_a_url_list_saved_in_another_writes_batch_for_a_client_that_left_i
                 await trio.sleep(0.1)
                 writes.start_soon(other_write, True)  # will lead the next: it and the list
                 await trio.sleep(0.1)
-                body = json.dumps({"urls": [receiver.url]}).encode()
-                stream = await trio.open_tcp_stream(host, int(port))
-                await stream.send_all(
-                    f"POST {hook(seeded.sales_id)} HTTP/1.1\r\nHost: x\r\n"
-                    f"Authorization: Bearer {seeded.owner_key}\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-                await trio.sleep(0.5)  # the second batch runs until about 1.0 s
-                await stream.aclose()  # the client gives up meanwhile
-            with trio.fail_after(10):
-                while (await c.get(hook(seeded.sales_id))).json()["urls"] != [receiver.url]:  # noqa: ASYNC110
-                    await trio.sleep(0.05)
-            await send(c, seeded, "after")
-            with trio.move_on_after(10):
-                await receiver.wait_for(1)
+                # The second batch runs until about 1.0 s: the client leaves meanwhile.
+                await save_and_leave(urls[0], seeded, receiver.url, 0.5)
+            await sent_once_saved(c, seeded, receiver)
         stop.set()
     assert [json.loads(r.body)["data"]["content"] for r in receiver.requests] == ["after"]
