@@ -187,7 +187,6 @@ class Attempt:
 class SeriesSoFar:
     """The attempts of an event's delivery made before the daemon last stopped."""
 
-    delivery_id: str
     attempts: int  # how many were made (the last one failed)
     last_at: int
     retry_after: float | None  # what the last one's answer asked for
@@ -200,13 +199,13 @@ def series_so_far(
     recorded attempt failed (neither delivered nor given up); else None. (Ids are made from the
     event and the redelivery: a redelivery's series is told from the event's own by its id.)"""
     r = conn.execute(
-        "SELECT delivery_id, attempt, outcome, at, retry_after FROM webhook_deliveries"
+        "SELECT attempt, outcome, at, retry_after FROM webhook_deliveries"
         " WHERE event_seq = ? AND account_pk = ? AND delivery_id = ? ORDER BY pk DESC LIMIT 1",
         (event_seq, account_pk, delivery_id),
     ).fetchone()
     if r is None or r["outcome"] != "failed":
         return None
-    return SeriesSoFar(r["delivery_id"], int(r["attempt"]), int(r["at"]), r["retry_after"])
+    return SeriesSoFar(int(r["attempt"]), int(r["at"]), r["retry_after"])
 
 
 def record_attempt(
