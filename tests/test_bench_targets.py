@@ -3,7 +3,7 @@ that "met" is strict and unrounded (BENCHMARKS.md, "Against the issue's targets"
 
 from __future__ import annotations
 
-from bench.http import share_target, verdicts
+from bench.http import ceiling_over_too, combine, percentile_ms, share_target, verdicts
 
 
 def _row(rps: float, p99_ms: float) -> dict[str, float]:
@@ -41,3 +41,56 @@ def test_verdicts_are_strict_and_unrounded() -> None:
         "search p99, smallest channel": False,
     }
     assert not verdicts({}, {}, 2.0, {})[0]["met"]  # start-up of exactly 2 s misses "< 2 s"
+
+
+def test_a_p99_verdict_says_what_the_ceiling_beside_it_reached() -> None:
+    results = {"read one": _row(900.0, 64.8), "counts": _row(900.0, 58.0)}
+    ceilings = {
+        "read one": {"rps": 1000.0, "p99_ms": 51.0},  # the bare framework missed it too
+        "counts": {"rps": 1000.0, "p99_ms": 49.0},
+    }
+    targets = verdicts(results, ceilings, 1.0, {})
+    p99s = {v["figure"]: v for v in targets if v["figure"].endswith(": p99")}
+    assert p99s["read one: p99"]["ceiling_p99_ms"] == 51.0
+    assert p99s["read one: p99"]["ceiling_met"] is False
+    assert p99s["counts: p99"]["ceiling_met"] is True
+    assert ceiling_over_too(targets) == (
+        "; 1 of the 2 p99 misses was beside a ceiling whose own p99 missed the target too"
+        " (the bare framework on this machine)"
+    )
+    ceilings["read one"]["p99_ms"] = 40.0
+    assert ceiling_over_too(verdicts(results, ceilings, 1.0, {})) == ""
+
+
+def test_slices_are_combined_over_all_their_requests() -> None:
+    # Two slices: the first all at 10 ms, the second 98 at 20 ms and 2 at 90 ms (its own p99).
+    fast = {
+        "rps": 100.0,
+        "p50_ms": 10.0,
+        "p99_ms": 10.0,
+        "non_2xx": 0.0,
+        "histogram": {10_000: 100},
+    }
+    slow = {
+        "rps": 50.0,
+        "p50_ms": 20.0,
+        "p99_ms": 90.0,
+        "non_2xx": 1.0,
+        "histogram": {20_000: 98, 90_000: 2},
+    }
+    both = combine([fast, slow])
+    assert both["rps"] == 75.0 and both["non_2xx"] == 1.0
+    # Of the 200 requests, 198 took 20 ms or less: the p99 is 20 ms, the worst slice's 90 ms.
+    assert both["p99_ms"] == 20.0 and both["worst_slice_p99_ms"] == 90.0
+    assert both["p50_ms"] == 10.0 and both["median_slice_p50_ms"] == 20.0
+    # Without the latencies (a caller that did not ask for them) the slices' own figures stay.
+    bare = combine([{k: v for k, v in r.items() if k != "histogram"} for r in (fast, slow)])
+    assert bare["p99_ms"] == 90.0 and bare["p50_ms"] == 20.0
+
+
+def test_percentiles_of_a_histogram() -> None:
+    histogram = {1_000: 50, 2_000: 49, 7_500: 1}
+    assert percentile_ms(histogram, 50) == 1.0  # half took 1 ms or less
+    assert percentile_ms(histogram, 99) == 2.0
+    assert percentile_ms(histogram, 99.5) == 7.5
+    assert percentile_ms({}, 99) == 0.0
