@@ -56,41 +56,50 @@ def test_a_p99_verdict_says_what_the_ceiling_beside_it_reached() -> None:
     assert p99s["counts: p99"]["ceiling_met"] is True
     assert ceiling_over_too(targets) == (
         "; 1 of the 2 p99 misses was beside a ceiling whose own p99 missed the target too"
-        " (the bare framework on this machine)"
     )
     ceilings["read one"]["p99_ms"] = 40.0
     assert ceiling_over_too(verdicts(results, ceilings, 1.0, {})) == ""
 
 
 def test_slices_are_combined_over_all_their_requests() -> None:
-    # Two slices: the first all at 10 ms, the second 98 at 20 ms and 2 at 90 ms (its own p99).
+    # Two slices: 150 requests at 10 ms; 99 at 20 ms and one at 90 ms (its own p99, as wrk ranks).
     fast = {
         "rps": 100.0,
         "p50_ms": 10.0,
         "p99_ms": 10.0,
         "non_2xx": 0.0,
-        "histogram": {10_000: 100},
+        "histogram": {10_000: 150},
     }
     slow = {
         "rps": 50.0,
         "p50_ms": 20.0,
         "p99_ms": 90.0,
         "non_2xx": 1.0,
-        "histogram": {20_000: 98, 90_000: 2},
+        "histogram": {20_000: 99, 90_000: 1},
     }
+    assert percentile_ms(slow["histogram"], 99) == 90.0  # (the slice's own, as wrk gives it)
     both = combine([fast, slow])
     assert both["rps"] == 75.0 and both["non_2xx"] == 1.0
-    # Of the 200 requests, 198 took 20 ms or less: the p99 is 20 ms, the worst slice's 90 ms.
+    # Of the 250 requests, 249 took 20 ms or less: the p99 is 20 ms, the worst slice's 90 ms.
     assert both["p99_ms"] == 20.0 and both["worst_slice_p99_ms"] == 90.0
     assert both["p50_ms"] == 10.0 and both["median_slice_p50_ms"] == 20.0
-    # Without the latencies (a caller that did not ask for them) the slices' own figures stay.
-    bare = combine([{k: v for k, v in r.items() if k != "histogram"} for r in (fast, slow)])
-    assert bare["p99_ms"] == 90.0 and bare["p50_ms"] == 20.0
+    assert both["percentiles_of"] == "all requests"
+    # A slice without its latencies (a caller that did not ask): the slices' own figures.
+    for runs in (
+        [{k: v for k, v in r.items() if k != "histogram"} for r in (fast, slow)],
+        [fast, {**slow, "histogram": {}}],
+    ):
+        plain = combine(runs)
+        assert plain["p99_ms"] == 90.0 and plain["p50_ms"] == 20.0
+        assert plain["percentiles_of"] == "the slices"
 
 
-def test_percentiles_of_a_histogram() -> None:
+def test_percentiles_of_a_histogram_are_ranked_as_wrk_ranks_them() -> None:
+    # 100 requests: wrk's rank for q is floor(q / 100 * N) + 1 (its round(q / 100 * N + 0.5)).
     histogram = {1_000: 50, 2_000: 49, 7_500: 1}
-    assert percentile_ms(histogram, 50) == 1.0  # half took 1 ms or less
-    assert percentile_ms(histogram, 99) == 2.0
-    assert percentile_ms(histogram, 99.5) == 7.5
+    assert percentile_ms(histogram, 49.9) == 1.0  # rank 50
+    assert percentile_ms(histogram, 50) == 2.0  # rank 51
+    assert percentile_ms(histogram, 98.9) == 2.0  # rank 99
+    assert percentile_ms(histogram, 99) == 7.5  # rank 100
+    assert percentile_ms(histogram, 100) == 7.5  # (at most N)
     assert percentile_ms({}, 99) == 0.0
