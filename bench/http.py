@@ -389,15 +389,15 @@ def run_python(
             return time.perf_counter() - started
 
     took = trio.run(main)
-    latencies.sort()
+    latencies_us = dict(Counter(round(t * 1e6) for t in latencies))
     figures: dict[str, Any] = {
         "rps": len(latencies) / took,
-        "p50_ms": latencies[len(latencies) // 2] * 1000,
-        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+        "p50_ms": percentile_ms(latencies_us, 50),
+        "p99_ms": percentile_ms(latencies_us, 99),
         "non_2xx": float(failed),
     }
     if histogram:
-        figures["histogram"] = dict(Counter(round(t * 1e6) for t in latencies))
+        figures["histogram"] = latencies_us
     return figures
 
 

@@ -3,7 +3,15 @@ that "met" is strict and unrounded (BENCHMARKS.md, "Against the issue's targets"
 
 from __future__ import annotations
 
-from bench.http import ceiling_over_too, combine, percentile_ms, share_target, verdicts
+from bench.http import (
+    _HISTOGRAM_LINE,
+    LUA_HISTOGRAM,
+    ceiling_over_too,
+    combine,
+    percentile_ms,
+    share_target,
+    verdicts,
+)
 
 
 def _row(rps: float, p99_ms: float) -> dict[str, float]:
@@ -103,3 +111,12 @@ def test_percentiles_of_a_histogram_are_ranked_as_wrk_ranks_them() -> None:
     assert percentile_ms(histogram, 99) == 7.5  # rank 100
     assert percentile_ms(histogram, 100) == 7.5  # (at most N)
     assert percentile_ms({}, 99) == 0.0
+
+
+def test_the_histogram_lines_wrk_prints_are_read_back() -> None:
+    # What the done() of LUA_HISTOGRAM prints after wrk's own summary (format "%d %d\n").
+    assert '"latency-us %d %d\\n"' in LUA_HISTOGRAM
+    out = (
+        "Requests/sec:   1514.42\nTransfer/sec:      1.55MB\nlatency-us 812 3\nlatency-us 40011 1\n"
+    )
+    assert {int(us): int(n) for us, n in _HISTOGRAM_LINE.findall(out)} == {812: 3, 40_011: 1}
