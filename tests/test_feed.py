@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -21,6 +21,7 @@ from trio_websocket import (
 from inboxd import daemon
 from inboxd.api import feed as feed_api
 from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
+from inboxd.feed import SEND_TURNS
 from tests.conftest import Seed, auth, ingest
 from tests.openapi_check import check_feed_frame
 
@@ -265,6 +266,33 @@ async def test_a_client_that_does_not_keep_up_is_closed_with_1013(
                 received += 1
     assert closed.value.reason.code == 1013
     assert received < 200
+
+
+async def test_clients_that_stop_reading_hold_up_nobody_else(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    """Clients write frames a few at a time (FeedClient.take_turn), and a turn is given back
+    before the write: more clients stuck in a write than there are turns must not stop the
+    frames of a client that reads."""
+    big = "x" * 100_000
+    async with AsyncExitStack() as stack:
+        stuck = [
+            await stack.enter_async_context(feed(base_url, seeded.owner_key))
+            for _ in range(SEND_TURNS + 2)
+        ]
+        reader = await stack.enter_async_context(feed(base_url, seeded.owner_key))
+        for i in range(200):
+            await ingest(owner, seeded.sales_id, "15550001", content=f"{i} {big}")
+            got = await frames(reader, 1)
+            assert got[0]["data"]["content"].startswith(f"{i} ")
+        for ws in stuck:  # each stopped reading after the first frames; the queue bound closed it
+            received = 0
+            with pytest.raises(ConnectionClosed) as closed, trio.fail_after(10):
+                while True:
+                    await ws.get_message()
+                    received += 1
+            assert closed.value.reason.code == 1013
+            assert received < 200
 
 
 async def test_rest_events_same_stream_and_visibility(

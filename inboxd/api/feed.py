@@ -146,6 +146,7 @@ async def _send_events(client: FeedClient, since: int | None) -> None:
             if client.close_code is not None:
                 return
             continue
+        await client.take_turn()
         await websocket.send(event.frame)
 
 
@@ -229,6 +230,7 @@ async def _replay(client: FeedClient, since: int) -> int:
                 return last
             event = from_journal(journal_event, client.who.account_pk)
             if await _allowed(client, event, live=False):
+                await client.take_turn()
                 await websocket.send(event.frame)
             if client.close_code is not None:
                 return last
