@@ -5,7 +5,8 @@ process. Each round reports one outbound message through the messaging API (one 
 so one frame per client) and times until the last client has its ``inbox.message.created`` frame
 (from sending the request, and from the response, which comes after the commit). The same clients then measure the ceiling: a bare quart-trio app broadcasting a
 frame of the same size (bench/bare.py). While the rounds run, another task reads one
-conversation over and over: the API's latency while the feed is busy, beside the same reads idle.
+conversation over and over, from a process of its own: the API's latency while the feed is
+busy, beside the same reads idle.
 """
 
 from __future__ import annotations
@@ -123,22 +124,63 @@ async def connect_all(
     return sockets
 
 
-async def api_reader(
-    client: httpx.AsyncClient, path: str, out: list[float], stop: trio.Event
-) -> None:
+# The API reader runs in a process of its own: in this one, each frame's arrival at 1,000
+# trio-websocket clients would hold its requests up as well as the daemon's fan-out does.
+# Reads 200 times idle and prints "idle [seconds, ...]"; after a line on stdin reads every 10 ms
+# until the next line, then prints "busy [...]".
+READER = """
+import json, sys, threading, time
+import httpx
+base, key, path = sys.argv[1:4]
+headers = {"Authorization": f"Bearer {key}"} if key else {}
+def timed(client):
+    t = time.perf_counter()
+    response = client.get(path)
+    assert response.status_code == 200, response.status_code
+    return time.perf_counter() - t
+with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+    print("idle", json.dumps([timed(client) for _ in range(200)]), flush=True)
+    sys.stdin.readline()
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    busy = []
     while not stop.is_set():
-        t = time.perf_counter()
-        response = await client.get(path)
-        assert response.status_code == 200
-        out.append(time.perf_counter() - t)
-        await trio.sleep(0.01)
+        busy.append(timed(client))
+        time.sleep(0.01)
+    print("busy", json.dumps(busy), flush=True)
+"""
+
+
+def start_reader(base: str, key: str | None, path: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", READER, base, key or "", path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop(reader: subprocess.Popen[str]) -> None:
+    """The reader has printed its figures (or the measurement failed): end it."""
+    if reader.poll() is None:
+        reader.kill()
+    reader.wait(15)
+
+
+async def reader_line(reader: subprocess.Popen[str], kind: str) -> list[float]:
+    assert reader.stdout is not None
+    line = await trio.to_thread.run_sync(reader.stdout.readline)
+    name, _, values = line.partition(" ")
+    if name != kind:
+        raise RuntimeError(f"the API reader said {line!r}, not its {kind} figures")
+    return [float(v) for v in json.loads(values)]
 
 
 async def measure(
     base: str,
     ws_url: str,
     key: str | None,
-    conv: str | None,
+    reader: subprocess.Popen[str],
     channel_id: str | None,
     bare: str | None,
     n: int,
@@ -152,16 +194,14 @@ async def measure(
         "api_busy": [],
         "api_idle": [],
     }
+    assert reader.stdin is not None
     async with httpx.AsyncClient(base_url=base, headers=dict(headers), timeout=30) as api:
-        read_path = f"/api/v1/inbox/conversations/{conv}" if conv else "/healthz"
-        for _ in range(200):  # the API idle, before any client connects
-            t = time.perf_counter()
-            await api.get(read_path)
-            results["api_idle"].append(time.perf_counter() - t)
+        # The API idle, before any client connects.
+        results["api_idle"] = await reader_line(reader, "idle")
         async with trio.open_nursery() as nursery:
             await connect_all(nursery, ws_url, n, headers, clients)
-            stop = trio.Event()
-            nursery.start_soon(api_reader, api, read_path, results["api_busy"], stop)
+            reader.stdin.write("go\n")
+            reader.stdin.flush()
             for i in range(rounds):
                 marker = f"round-{i}-{time.time_ns()}"
                 await clients.round(marker, n)
@@ -187,7 +227,9 @@ async def measure(
                 results["from_request"].append(last - t0)
                 results["from_response"].append(last - t1)
                 await trio.sleep(0.2)
-            stop.set()
+            reader.stdin.write("stop\n")
+            reader.stdin.flush()
+            results["api_busy"] = await reader_line(reader, "busy")
             nursery.cancel_scope.cancel()
     return results
 
@@ -239,10 +281,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/readyz")
-            inboxd = trio.run(
-                measure, base, f"ws://127.0.0.1:{port}/api/v1/inbox/feed", key, conv,
-                channel_id, None, args.clients, args.rounds,
-            )  # fmt: skip
+            reader = start_reader(base, key, f"/api/v1/inbox/conversations/{conv}")
+            try:
+                inboxd = trio.run(
+                    measure, base, f"ws://127.0.0.1:{port}/api/v1/inbox/feed", key, reader,
+                    channel_id, None, args.clients, args.rounds,
+                )  # fmt: skip
+            finally:
+                stop(reader)
             sample = httpx.get(
                 f"{base}/api/v1/inbox/events", params={"limit": 200},
                 headers={"Authorization": f"Bearer {key}"},
@@ -259,10 +305,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             bare_base = f"http://127.0.0.1:{bare_port}"
             wait_http(f"{bare_base}/healthz")
-            bare = trio.run(
-                measure, bare_base, f"ws://127.0.0.1:{bare_port}/feed", None, None, None,
-                template, args.clients, args.rounds,
-            )  # fmt: skip
+            reader = start_reader(bare_base, None, "/healthz")
+            try:
+                bare = trio.run(
+                    measure, bare_base, f"ws://127.0.0.1:{bare_port}/feed", None, reader, None,
+                    template, args.clients, args.rounds,
+                )  # fmt: skip
+            finally:
+                stop(reader)
         finally:
             bare_proc.terminate()
             bare_proc.wait(15)
