@@ -14,7 +14,9 @@
     ├── Unprocessable         422   assignee_not_allowed, invalid_url, contact_blocked, ...
     ├── RateLimited           429   rate_limited (with Retry-After)
     └── ServiceUnavailable    503   query_timeout (a read ran past the store's read deadline),
-                                    writer_stopped (the writer process died under a write)
+                                    writer_stopped (the writer process died under a write),
+                                    storage_full, storage_unavailable, storage_busy (a write the
+                                    store's disk or files refused; with Retry-After)
 
 The store raises these too, so a rule that lives in SQL (say, "this contact is blocked") reports
 itself with the right code without a second check in the route.
@@ -98,6 +100,14 @@ class Unprocessable(InboxError):
 class ServiceUnavailable(InboxError):
     status = 503
     default_code = "unavailable"
+    retry_after = 0  # seconds; 0: no Retry-After
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after: int = 0) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
 
 
 class RateLimited(InboxError):

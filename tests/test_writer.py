@@ -5,9 +5,11 @@ dies is replaced, and the batch it was running fails with 503 rather than hangs.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import signal
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,12 @@ import trio
 from inboxd import daemon, wire
 from inboxd.config import Config
 from inboxd.errors import Conflict, InboxError, RateLimited, ServiceUnavailable, StoreError
-from inboxd.store import accounts, actions, conversations, idempotency, messages, writer
+from inboxd.store import accounts, actions, conversations, db, idempotency, messages, writer
 from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
 from inboxd.store.writer import WriterProcess
 from tests import writer_helpers as helpers
 from tests.arrange import inbound_text
-from tests.conftest import Seed, auth, ingest, seed_store
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, seed_store
 
 
 @pytest.fixture
@@ -164,6 +166,96 @@ async def test_a_writer_killed_mid_batch_fails_that_batch_with_503_and_commits_n
     # Its transaction never committed; the next write has a new writer.
     assert await store.write(helpers.record_pid, 2) != child
     assert [d["n"] for d in committed(store)] == [1, 2]
+
+
+async def test_a_full_disk_fails_writes_with_503_storage_full_until_there_is_room(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite's SQLITE_FULL (a real one: the writer's store may not grow) is 503 storage_full
+    with Retry-After, logged once however many writes fail; nothing of a failed write is
+    kept, and writes go on once there is room again."""
+    monkeypatch.setattr(db, "_storage_logged", {})
+    caplog.set_level(logging.INFO, logger="inboxd.store")
+    await store.write(helpers.record_pid, 1)
+    await store.write(helpers.fill_the_disk)
+    for n in (2, 3):
+        with pytest.raises(ServiceUnavailable) as full:
+            await store.write(helpers.record_big, n)
+        assert full.value.status == 503 and full.value.code == "storage_full"
+        assert full.value.headers() == {"Retry-After": str(db.STORAGE_RETRY_AFTER)}
+        assert "disk that holds the store is full" in full.value.message
+        cause = full.value.__cause__
+        assert isinstance(cause, sqlite3.OperationalError)
+        assert cause.sqlite_errorname == "SQLITE_FULL"
+    logged = [r for r in caplog.records if r.getMessage().startswith("writes fail")]
+    assert len(logged) == 1 and logged[0].levelname == "ERROR"
+    assert "database or disk is full" in str(logged[0].__dict__["error"])
+    await store.write(helpers.free_the_disk)
+    await store.write(helpers.record_big, 4)
+    assert [d["n"] for d in committed(store)] == [1, 4]
+    await store.write(helpers.record_pid, 5)
+    said = [r.getMessage() for r in caplog.records if r.name == "inboxd.store"]
+    assert said.count("writes succeed again") == 1
+    assert said.index("writes succeed again") > said.index(logged[0].getMessage())
+
+
+async def test_a_full_disk_answers_writes_503_while_reads_go_on(
+    seed: Seed, config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over HTTP, through the daemon's own writer process: a write the full disk refuses is a
+    JSON 503 storage_full with Retry-After (as the OpenAPI document says, which the client's
+    hooks check), with and without an Idempotency-Key; reads answer as before, and the same
+    request succeeds once there is room again."""
+    opened: list[Store] = []
+    open_store = Store.open
+
+    def keep(*args: Any, **kwargs: Any) -> Store:
+        opened.append(s := open_store(*args, **kwargs))
+        return s
+
+    monkeypatch.setattr(Store, "open", keep)
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: daemon.run(
+                seed.data_dir, config, shutdown, bind="127.0.0.1:0", task_status=task_status
+            )
+        )
+        [store] = opened
+        async with httpx.AsyncClient(
+            base_url=urls[0], headers=auth(seed.owner_key), event_hooks=OPENAPI_HOOKS
+        ) as client:
+            counts = "/api/v1/inbox/conversations/counts"
+            before = (await client.get(counts)).json()
+            await store.write(helpers.fill_the_disk)
+            body = {
+                "channelId": seed.sales_id,
+                "direction": "INBOUND",
+                "contact": {"phoneNumber": "15550009"},
+                "type": "TEXT",
+                "content": "x" * 200_000,
+            }
+            for headers in ({}, {"Idempotency-Key": "full-1"}):
+                r = await client.post("/api/v1/messaging/messages", json=body, headers=headers)
+                assert r.status_code == 503, r.text
+                assert r.headers["Retry-After"] == "30"
+                assert r.json()["error"]["code"] == "storage_full"
+                assert "full" in r.json()["error"]["message"]
+            assert (await client.get(counts)).json() == before
+            await store.write(helpers.free_the_disk)
+            r = await client.post(
+                "/api/v1/messaging/messages", json=body, headers={"Idempotency-Key": "full-1"}
+            )
+            assert r.status_code == 201, r.text
+            assert (await client.get(counts)).json()["all"] == before["all"] + 1
+        shutdown.set()
+
+
+async def test_an_sql_error_of_a_write_is_not_taken_for_a_storage_failure(store: Store) -> None:
+    """Only the store's disk and files make a 503: an SQL error of a write (a bug, answered
+    500) is not turned into "retry later"."""
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        await store.write(helpers.bad_sql)
 
 
 async def test_events_of_a_batch_whose_writer_died_after_committing_are_still_heard(

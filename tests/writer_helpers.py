@@ -67,3 +67,23 @@ def die_after_the_next_commit(conn: sqlite3.Connection) -> None:
         os._exit(9)
 
     db.run_batch = commit_then_die  # type: ignore[assignment]
+
+
+def fill_the_disk(conn: sqlite3.Connection) -> None:
+    """The store may not grow past the pages it has (SQLite's max_page_count, on the writer's
+    connection): a write that needs a new page fails with SQLITE_FULL, as on a full disk."""
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def free_the_disk(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA max_page_count = 4294967294")
+
+
+def record_big(conn: sqlite3.Connection, n: int) -> None:
+    """Journal a test event large enough to need new pages."""
+    events.append(conn, 1, None, "test.pid", {"n": n, "pad": "x" * 200_000}, 1)
+
+
+def bad_sql(conn: sqlite3.Connection) -> None:
+    conn.execute("INSERT INTO no_such_table VALUES (1)")

@@ -41,7 +41,14 @@ from inboxd.api.http import encoded_json, json_response, read_body
 from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
-from inboxd.errors import Forbidden, InboxError, InvalidRequest, RateLimited, Unauthorized
+from inboxd.errors import (
+    Forbidden,
+    InboxError,
+    InvalidRequest,
+    RateLimited,
+    ServiceUnavailable,
+    Unauthorized,
+)
 from inboxd.feed import FeedHub
 from inboxd.metrics import Metrics
 from inboxd.model import Principal
@@ -270,6 +277,10 @@ async def _idempotency_complete(key: str, response: Response) -> None:
         else:
             body = _without_secrets(await response.get_data(as_text=False))
             await store.write(idempotency.complete, user_pk, key, response.status_code, body)
+    except ServiceUnavailable as exc:
+        # The store refused this write too (a full disk, say; the store logs that): a claim
+        # left running frees itself after a minute (idempotency.claim).
+        log.warning("could not record the Idempotency-Key response", extra={"code": exc.code})
     except Exception:
         log.exception("could not record the Idempotency-Key response")
 

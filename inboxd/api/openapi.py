@@ -46,6 +46,7 @@ from inboxd.api.openapi_schemas import (
 )
 from inboxd.model import DIRECTIONS, MAX_EMAIL, MAX_NAME, SETTABLE_STATUSES
 from inboxd.store import conversations, messages
+from inboxd.store.db import STORAGE_CODES
 from inboxd.timeutil import ISO_DATE_TIME_SCHEMA
 from inboxd.webhooks import catalog
 from inboxd.webhooks.channel import PROBE_TYPE
@@ -83,12 +84,17 @@ _ERROR_WORDS: Final = {
     415: "A body that is not application/json",
     422: "Unprocessable",
     429: "Over the key's rate",
-    503: "A read ran past the store's deadline; retry or narrow it down",
+    503: (
+        "Not served just now: a read ran past the store's deadline (narrow it down), the writer"
+        " process stopped under the write, or the store's disk refused the write (full,"
+        " read-only, failing, or locked by another process; Retry-After says when to retry)"
+    ),
 }
 _ERROR_HEADERS: Final = {
     401: {"WWW-Authenticate": {"$ref": "#/components/headers/WWWAuthenticate"}},
     413: {"Connection": {"$ref": "#/components/headers/ConnectionClose"}},
     429: {"Retry-After": {"$ref": "#/components/headers/RetryAfter"}},
+    503: {"Retry-After": {"$ref": "#/components/headers/RetryLater"}},
 }
 
 
@@ -179,7 +185,7 @@ def _implied_errors(
     if access == "owner":
         implied.append({403: ["forbidden"]})
     if method in WRITE_METHODS:  # its change, or the Idempotency-Key claim (store/writer.py)
-        implied.append({503: ["writer_stopped"]})
+        implied.append({503: ["writer_stopped", *STORAGE_CODES]})
     if access != "public" and method in WRITE_METHODS:  # the Idempotency-Key claim
         implied.append(
             {
@@ -941,6 +947,10 @@ def _components() -> dict[str, Any]:
             "RetryAfter": {
                 "required": True,
                 "description": "Seconds until the key may send again.",
+                "schema": string(pattern=r"^[0-9]+$"),
+            },
+            "RetryLater": {
+                "description": "Seconds to wait before a retry (with the storage_* codes).",
                 "schema": string(pattern=r"^[0-9]+$"),
             },
             "ConnectionClose": {

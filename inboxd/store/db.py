@@ -399,6 +399,56 @@ def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
     )
 
 
+# SQLite's primary result codes (the low byte of ``sqlite_errorcode``) that say the store cannot
+# take a write just now, whatever the write: the API's 503 code for each, what it means, and
+# whether the write can be said not to have been made (an I/O error under a COMMIT's fsync may
+# leave it in the WAL).
+_BUSY: Final = ("storage_busy", "another process holds the store's write lock (the CLI, a backup?)")
+_STORAGE_FAILURES: Final = {
+    5: (*_BUSY, True),
+    6: (*_BUSY, True),
+    8: ("storage_unavailable", "the store is read-only (its directory, file or filesystem)", True),
+    10: ("storage_unavailable", "the store's disk failed to read or write", False),
+    13: ("storage_full", "the disk that holds the store is full", True),
+    14: ("storage_unavailable", "the store's files cannot be opened", True),
+}
+STORAGE_CODES: Final = sorted({name for name, _, _ in _STORAGE_FAILURES.values()})
+STORAGE_RETRY_AFTER: Final = 30  # seconds, in the 503's Retry-After
+STORAGE_LOG_EVERY: Final = 60.0  # seconds: one error line per kind, not one per request
+_storage_logged: dict[str, float] = {}  # when each kind was last logged; empty once writes succeed
+
+
+def storage_failure(error: BaseException) -> ServiceUnavailable | None:
+    """The API's 503 for a write that failed because of the store's disk or files rather
+    than the write (SQLite's FULL, IOERR, READONLY, CANTOPEN, BUSY, LOCKED), logged at most
+    once a minute per kind with SQLite's own words; None for any other error."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if not isinstance(error, sqlite3.Error) or not isinstance(code, int):
+        return None
+    failure = _STORAGE_FAILURES.get(code & 0xFF)
+    if failure is None:
+        return None
+    name, what, not_made = failure
+    now = time.monotonic()
+    if now - _storage_logged.get(name, -STORAGE_LOG_EVERY) >= STORAGE_LOG_EVERY:
+        _storage_logged[name] = now
+        log.error(
+            "writes fail: %s",
+            what,
+            extra={"error": f"{type(error).__name__}: {error}", "code": name},
+        )
+    outcome = (
+        "the change was not made"
+        if not_made
+        else "the change may or may not have been made (retry with an Idempotency-Key)"
+    )
+    return ServiceUnavailable(
+        f"{outcome}: {what}; retry later",
+        code=name,
+        retry_after=STORAGE_RETRY_AFTER,
+    )
+
+
 @attrs.define(eq=False)
 class WriteRequest:
     fn: Callable[..., Any]
@@ -415,7 +465,13 @@ class WriteRequest:
 
     def outcome(self) -> Any:
         if self.error is not None:
+            unavailable = storage_failure(self.error)
+            if unavailable is not None:
+                raise unavailable from self.error
             raise self.error
+        if _storage_logged:
+            _storage_logged.clear()
+            log.info("writes succeed again")
         return self.result
 
 
@@ -673,8 +729,9 @@ class Store:
                         await trio.to_thread.run_sync(_checkpoint, conn)
                     else:
                         _checkpoint(conn)
-                except sqlite3.Error:
-                    log.exception("could not checkpoint the WAL")
+                except sqlite3.Error as exc:
+                    if storage_failure(exc) is None:  # (which logs a full disk once a minute)
+                        log.exception("could not checkpoint the WAL")
         finally:
             with trio.CancelScope(shield=True):
                 await self._set_autocheckpoint(1000)  # SQLite's default
