@@ -18,7 +18,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from inboxd.errors import Conflict, ServiceUnavailable
+from inboxd.errors import Conflict, ServiceUnavailable, StoreError
 from inboxd.store import db, events
 from inboxd.store.db import Appended, ReaderConnection, Store
 from tests.conftest import seed_store
@@ -994,3 +994,31 @@ def test_a_backup_finishes_while_another_connection_keeps_committing(tmp_path: P
     with sqlite3.connect(target) as copy:
         assert copy.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert copy.execute("SELECT count(*) FROM ballast").fetchone() == (240,)
+
+
+def test_a_store_this_process_may_not_write_is_refused_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not SQLite's "unable to open database file" (which reads like a broken store), but
+    which path, and why. (Tests may run as root, whom file modes do not stop: the permission
+    is refused here through ``os.access``.)"""
+    data = seed_store(tmp_path / "data").data_dir
+    for path in (data, db.db_path(data)):
+        with monkeypatch.context() as m:
+            m.setattr(db.os, "access", lambda p, mode, path=path: Path(p) != path)
+            with pytest.raises(StoreError) as refused:
+                Store.open(data)
+        assert str(refused.value) == (
+            f"{path} is not writable: this user (uid {os.geteuid()}) may not write it;"
+            " inboxd writes the store and its -wal and -shm files there"
+        )
+    Store.open(data).close()  # (it was the permission, not the store)
+
+
+def test_a_data_directory_that_cannot_be_made_is_refused_saying_why(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StoreError) as refused:
+        Store.open(tmp_path / "a-file" / "data", create=True)
+    assert str(refused.value) == (
+        f"cannot create the data directory {tmp_path / 'a-file' / 'data'}: Not a directory"
+    )

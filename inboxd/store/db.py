@@ -609,6 +609,23 @@ def fail_batch(conn: sqlite3.Connection, batch: list[WriteRequest], exc: BaseExc
             r.error = exc
 
 
+def _check_writable(data_dir: Path) -> None:
+    """Refuse a store in a directory or file this process may not write, saying so: SQLite
+    says only "unable to open database file", which reads like a broken store. (Even to read,
+    a store in WAL mode writes its -shm file beside the database.)"""
+    for path in (data_dir, db_path(data_dir)):
+        if os.access(path, os.W_OK):
+            continue
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            why = "its file system is mounted read-only"
+        else:
+            why = f"this user (uid {os.geteuid()}) may not write it"
+        raise StoreError(
+            f"{path} is not writable: {why}; inboxd writes the store and its -wal and -shm"
+            " files there"
+        )
+
+
 class Store:
     """An open store. Create it with ``Store.open``; ``close()`` it when done."""
 
@@ -685,9 +702,16 @@ class Store:
                 raise StoreError(f"no inboxd store in {data_dir} (run 'inboxd init --data DIR')")
             # Only its owner may enter a new data directory: the store holds the webhooks'
             # signing secrets and every message (the systemd unit's UMask=0077 does the same).
-            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create the data directory {data_dir}: {exc.strerror}"
+                ) from None
         elif not data_dir.is_dir():
             raise StoreError(f"{data_dir} is not a directory")
+        else:
+            _check_writable(data_dir)
         try:
             boot = _connect(db_path(data_dir), readonly=False)
             try:
