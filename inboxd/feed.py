@@ -33,7 +33,7 @@ from inboxd.store.events import JournalEvent
 log = logging.getLogger("inboxd.feed")
 
 QUEUE_BOUND: Final = 1000
-# How many clients start writing a frame in each pass of trio's scheduler (FeedHub.take_turn).
+# How many clients start writing a frame in each pass of trio's scheduler (FeedClient.take_turn).
 SEND_TURNS: Final = 8
 REVOCATION_SWEEP_SECONDS: Final = 15.0
 CLOSE_GOING_AWAY: Final = 1001

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -21,7 +22,9 @@ from trio_websocket import (
 from inboxd import daemon
 from inboxd.api import feed as feed_api
 from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
-from inboxd.feed import SEND_TURNS
+from inboxd.feed import SEND_TURNS, FeedClient, FeedHub
+from inboxd.store import accounts
+from inboxd.store.db import Store
 from tests.conftest import Seed, auth, ingest
 from tests.openapi_check import check_feed_frame
 
@@ -293,6 +296,50 @@ async def test_clients_that_stop_reading_hold_up_nobody_else(
                     received += 1
             assert closed.value.reason.code == 1013
             assert received < 200
+
+
+class Passes(trio.abc.Instrument):
+    """Counts passes of trio's scheduler (one I/O check before each batch of tasks)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+async def test_clients_start_their_writes_a_few_per_pass_of_the_scheduler(
+    seeded: Seed,
+) -> None:
+    """What the turns are for: forty clients woken at once start their writes SEND_TURNS per
+    pass of the scheduler, in turn, rather than all in one pass that every request on the
+    thread would wait for."""
+    store = Store.open(seeded.data_dir, readers=1)
+    try:
+        who = store.read_sync(accounts.authenticate, seeded.owner_key)
+        assert who is not None
+        hub = FeedHub(store)
+        clients = [hub.register(who) for _ in range(40)]
+        passes = Passes()
+        started: list[int] = []
+
+        async def write(client: FeedClient) -> None:
+            await client.take_turn()
+            started.append(passes.count)
+
+        trio.lowlevel.add_instrument(passes)
+        try:
+            async with trio.open_nursery() as nursery:
+                for client in clients:
+                    nursery.start_soon(write, client)
+        finally:
+            trio.lowlevel.remove_instrument(passes)
+        per_pass = Counter(started)
+        assert sum(per_pass.values()) == 40
+        assert max(per_pass.values()) == SEND_TURNS
+        assert len(per_pass) == 40 // SEND_TURNS
+    finally:
+        store.close()
 
 
 async def test_rest_events_same_stream_and_visibility(
