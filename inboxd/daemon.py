@@ -34,6 +34,7 @@ from inboxd.api.app import AppState, create_app
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.feed import FeedHub
+from inboxd.logs import log_failure
 from inboxd.mailer import Mailer
 from inboxd.store import accounts, events, idempotency, warm, webhooks
 from inboxd.store.db import Store
@@ -73,7 +74,7 @@ async def _flush_key_usage(app_state: AppState) -> None:
     try:
         await app_state.store.write(accounts.touch_keys, used)
     except Exception:  # lastUsedAt is informational: never let it stop the daemon
-        log.exception("could not record key usage")
+        log_failure(log, "could not record key usage")
 
 
 async def _housekeeping(app_state: AppState) -> None:
@@ -85,7 +86,7 @@ async def _housekeeping(app_state: AppState) -> None:
         try:
             await app_state.store.write(idempotency.prune, app_state.clock.now_us())
         except Exception:
-            log.exception("could not prune idempotency keys")
+            log_failure(log, "could not prune idempotency keys")
         await prune_journal(app_state)
 
 
@@ -102,7 +103,7 @@ async def prune_journal(app_state: AppState) -> int:
             if done < JOURNAL_PRUNE_BATCH:
                 break
     except Exception:
-        log.exception("could not prune the journal")
+        log_failure(log, "could not prune the journal")
     if total:
         log.info("journal pruned", extra={"events": total})
     return total

@@ -110,6 +110,11 @@ class ServiceUnavailable(InboxError):
         return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
 
 
+class StorageUnavailable(ServiceUnavailable):
+    """The store's disk or files refused a write (store/db.py, StorageAlarm): the store has
+    logged why, so its callers need not log it again."""
+
+
 class RateLimited(InboxError):
     status = 429
     default_code = "rate_limited"

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any, Final
 
+from inboxd.errors import StorageUnavailable
+
 _STANDARD: Final = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
 
 
@@ -48,3 +50,14 @@ def setup(level: str = "info") -> None:
 
 
 WIRE_LOGGERS: Final = ("hpack", "h2", "httpcore")
+
+
+def log_failure(logger: logging.Logger, message: str, **extra: Any) -> None:
+    """In an ``except`` of a task that retries: the failure with its traceback, unless the
+    store's disk or files refused the write (``StorageUnavailable``), which the store has
+    logged already, once a minute however many tasks retry: then a debug line."""
+    error = sys.exc_info()[1]
+    if isinstance(error, StorageUnavailable):
+        logger.debug(message, extra={**extra, "code": error.code})
+    else:
+        logger.exception(message, extra=extra or None)

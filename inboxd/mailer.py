@@ -24,6 +24,7 @@ import trio
 
 from inboxd.clock import Clock
 from inboxd.config import MailConfig
+from inboxd.logs import log_failure
 from inboxd.store import mail
 from inboxd.store.db import Store
 
@@ -106,7 +107,7 @@ class Mailer:
             try:
                 waiting = await self._round()
             except Exception:
-                log.exception("mail outbox round failed")
+                log_failure(log, "mail outbox round failed")
                 waiting = trio.current_time() + RETRY_PAUSES[0]
             with trio.move_on_at(waiting):
                 await queued.wait_past(version)

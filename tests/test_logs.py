@@ -11,6 +11,8 @@ import pytest
 import trio
 
 from inboxd import logs
+from inboxd.errors import StorageUnavailable
+from inboxd.logs import log_failure
 from tests.conftest import Seed
 
 # HTTP/2 with prior knowledge (h2c), which hypercorn serves on the API's own port; from another
@@ -50,3 +52,28 @@ async def test_an_http2_request_does_not_log_its_api_key_at_debug(
     lines = debug_log.getvalue().splitlines()
     assert any('"logger": "inboxd.access"' in line for line in lines)  # the log is captured
     assert [line for line in lines if seeded.owner_key in line] == []
+
+
+def test_a_retrying_task_s_failure_is_logged_with_its_traceback_unless_the_disk_refused_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store logs a disk that refuses writes once a minute (StorageAlarm); the tasks that
+    retry (10,000 URL supervisors, say) must not each add a traceback every few seconds."""
+    caplog.set_level(logging.DEBUG, logger="inboxd.test")
+    logger = logging.getLogger("inboxd.test")
+    try:
+        raise StorageUnavailable("full", code="storage_full", retry_after=60)
+    except StorageUnavailable:
+        log_failure(logger, "could not record it", url=7)
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        log_failure(logger, "could not record it", url=8)
+    quiet, loud = caplog.records
+    assert (quiet.levelname, quiet.exc_info, quiet.__dict__["code"]) == (
+        "DEBUG",
+        None,
+        "storage_full",
+    )
+    assert quiet.__dict__["url"] == 7
+    assert loud.levelname == "ERROR" and loud.exc_info is not None and loud.__dict__["url"] == 8

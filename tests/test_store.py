@@ -1009,7 +1009,7 @@ def test_a_store_this_process_may_not_write_is_refused_saying_so(
             with pytest.raises(StoreError) as refused:
                 Store.open(data)
         assert str(refused.value) == (
-            f"{path} is not writable: this user (uid {os.geteuid()}) may not write it;"
+            f"{path} is not writable: this user (uid {os.getuid()}) may not write it;"
             " inboxd writes the store and its -wal and -shm files there"
         )
     Store.open(data).close()  # (it was the permission, not the store)

@@ -21,7 +21,14 @@ import trio
 
 from inboxd import daemon, wire
 from inboxd.config import Config
-from inboxd.errors import Conflict, InboxError, RateLimited, ServiceUnavailable, StoreError
+from inboxd.errors import (
+    Conflict,
+    InboxError,
+    RateLimited,
+    ServiceUnavailable,
+    StorageUnavailable,
+    StoreError,
+)
 from inboxd.store import accounts, actions, conversations, db, idempotency, messages, writer
 from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
 from inboxd.store.writer import WriterProcess
@@ -169,18 +176,18 @@ async def test_a_writer_killed_mid_batch_fails_that_batch_with_503_and_commits_n
 
 
 async def test_a_full_disk_fails_writes_with_503_storage_full_until_there_is_room(
-    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SQLite's SQLITE_FULL (a real one: the writer's store may not grow) is 503 storage_full
     with Retry-After, logged once however many writes fail; nothing of a failed write is
     kept, and writes go on once there is room again."""
-    monkeypatch.setattr(db, "_storage_logged", {})
     caplog.set_level(logging.INFO, logger="inboxd.store")
     await store.write(helpers.record_pid, 1)
     await store.write(helpers.fill_the_disk)
     for n in (2, 3):
         with pytest.raises(ServiceUnavailable) as full:
             await store.write(helpers.record_big, n)
+        assert isinstance(full.value, StorageUnavailable)
         assert full.value.status == 503 and full.value.code == "storage_full"
         assert full.value.headers() == {"Retry-After": str(db.STORAGE_RETRY_AFTER)}
         assert "disk that holds the store is full" in full.value.message
@@ -238,7 +245,7 @@ async def test_a_full_disk_answers_writes_503_while_reads_go_on(
             for headers in ({}, {"Idempotency-Key": "full-1"}):
                 r = await client.post("/api/v1/messaging/messages", json=body, headers=headers)
                 assert r.status_code == 503, r.text
-                assert r.headers["Retry-After"] == "30"
+                assert r.headers["Retry-After"] == str(db.STORAGE_RETRY_AFTER)
                 assert r.json()["error"]["code"] == "storage_full"
                 assert "full" in r.json()["error"]["message"]
             assert (await client.get(counts)).json() == before
@@ -253,9 +260,58 @@ async def test_a_full_disk_answers_writes_503_while_reads_go_on(
 
 async def test_an_sql_error_of_a_write_is_not_taken_for_a_storage_failure(store: Store) -> None:
     """Only the store's disk and files make a 503: an SQL error of a write (a bug, answered
-    500) is not turned into "retry later"."""
+    500) is not turned into "retry later", SQLITE_LOCKED (one connection's own conflict)
+    neither."""
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         await store.write(helpers.bad_sql)
+    with pytest.raises(sqlite3.OperationalError) as locked:
+        await store.write(helpers.lock_a_table)
+    assert locked.value.sqlite_errorname == "SQLITE_LOCKED"
+
+
+async def test_a_disk_that_is_full_now_and_then_is_logged_once_a_minute_not_each_time(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="inboxd.store")
+    for n in range(3):
+        await store.write(helpers.fill_the_disk)
+        with pytest.raises(StorageUnavailable):
+            await store.write(helpers.record_big, n)
+        await store.write(helpers.free_the_disk)
+        await store.write(helpers.record_big, n)
+    said = [r.getMessage() for r in caplog.records if r.name == "inboxd.store"]
+    assert said == [
+        "writes fail: the disk that holds the store is full",
+        "writes succeed again",
+    ]
+
+
+async def test_a_batch_the_disk_refuses_in_the_daemon_s_own_process_is_503_for_every_write(
+    tmp_path: Path,
+) -> None:
+    """Without the writer process (it could not start), the batch runs on the trio thread: a
+    BEGIN that the store refuses (read-only here: ``query_only`` on the writer's connection)
+    is the same 503 for the write that led the batch as for the others, not SQLite's error."""
+    store = Store.open(seed_store(tmp_path / "data").data_dir, readers=1)
+    try:
+        store._writer.execute("PRAGMA query_only = ON")
+        outcomes: list[StorageUnavailable] = []
+
+        async def write(n: int) -> None:
+            with pytest.raises(StorageUnavailable) as refused:
+                await store.write(helpers.record_pid, n)
+            outcomes.append(refused.value)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(3):
+                nursery.start_soon(write, n)
+        assert [e.code for e in outcomes] == ["storage_unavailable"] * 3
+        assert store.batches < 3  # (they went together)
+        store._writer.execute("PRAGMA query_only = OFF")
+        await store.write(helpers.record_pid, 4)
+        assert [d["n"] for d in committed(store)] == [4]
+    finally:
+        store.close()
 
 
 async def test_events_of_a_batch_whose_writer_died_after_committing_are_still_heard(

@@ -87,3 +87,13 @@ def record_big(conn: sqlite3.Connection, n: int) -> None:
 
 def bad_sql(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+
+def lock_a_table(conn: sqlite3.Connection) -> None:
+    """SQLITE_LOCKED, a conflict within one connection (a table dropped under its own open
+    cursor): a bug of the write, not the disk's doing."""
+    conn.execute("CREATE TEMP TABLE held (x)")
+    conn.execute("INSERT INTO held VALUES (1), (2)")
+    cursor = conn.execute("SELECT x FROM held")
+    cursor.fetchone()
+    conn.execute("DROP TABLE held")

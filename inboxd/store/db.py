@@ -54,7 +54,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 import attrs
 import trio
 
-from inboxd.errors import ServiceUnavailable, StoreError
+from inboxd.errors import ServiceUnavailable, StorageUnavailable, StoreError
 from inboxd.store.accounts import live_args
 from inboxd.store.schema import MIGRATIONS
 from inboxd.store.writer import WriterProcess
@@ -402,51 +402,73 @@ def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
 # SQLite's primary result codes (the low byte of ``sqlite_errorcode``) that say the store cannot
 # take a write just now, whatever the write: the API's 503 code for each, what it means, and
 # whether the write can be said not to have been made (an I/O error under a COMMIT's fsync may
-# leave it in the WAL).
-_BUSY: Final = ("storage_busy", "another process holds the store's write lock (the CLI, a backup?)")
+# leave it in the WAL). Not SQLITE_LOCKED: without a shared cache it is a conflict within one
+# connection, a bug.
 _STORAGE_FAILURES: Final = {
-    5: (*_BUSY, True),
-    6: (*_BUSY, True),
+    5: ("storage_busy", "another process holds the store's write lock (the CLI, a backup?)", True),
     8: ("storage_unavailable", "the store is read-only (its directory, file or filesystem)", True),
     10: ("storage_unavailable", "the store's disk failed to read or write", False),
     13: ("storage_full", "the disk that holds the store is full", True),
     14: ("storage_unavailable", "the store's files cannot be opened", True),
 }
 STORAGE_CODES: Final = sorted({name for name, _, _ in _STORAGE_FAILURES.values()})
-STORAGE_RETRY_AFTER: Final = 30  # seconds, in the 503's Retry-After
-STORAGE_LOG_EVERY: Final = 60.0  # seconds: one error line per kind, not one per request
-_storage_logged: dict[str, float] = {}  # when each kind was last logged; empty once writes succeed
+# Seconds, in the 503's Retry-After: as long as an Idempotency-Key's claim that its request
+# could not release (the store refused that too) takes to free itself (idempotency.claim).
+STORAGE_RETRY_AFTER: Final = 60
+STORAGE_LOG_EVERY: Final = 60.0  # seconds: a line per kind at most this often, not per request
 
 
-def storage_failure(error: BaseException) -> ServiceUnavailable | None:
-    """The API's 503 for a write that failed because of the store's disk or files rather
-    than the write (SQLite's FULL, IOERR, READONLY, CANTOPEN, BUSY, LOCKED), logged at most
-    once a minute per kind with SQLite's own words; None for any other error."""
-    code = getattr(error, "sqlite_errorcode", None)
-    if not isinstance(error, sqlite3.Error) or not isinstance(code, int):
-        return None
-    failure = _STORAGE_FAILURES.get(code & 0xFF)
-    if failure is None:
-        return None
-    name, what, not_made = failure
-    now = time.monotonic()
-    if now - _storage_logged.get(name, -STORAGE_LOG_EVERY) >= STORAGE_LOG_EVERY:
-        _storage_logged[name] = now
-        log.error(
-            "writes fail: %s",
-            what,
-            extra={"error": f"{type(error).__name__}: {error}", "code": name},
+class StorageAlarm:
+    """Says in the log that the store's disk or files refuse its writes (or checkpoints): each
+    kind at most once a minute, with SQLite's own words, and that writes succeed again (at
+    most once a minute too, however often a nearly full disk takes one write and refuses the
+    next)."""
+
+    def __init__(self) -> None:
+        self._said: dict[str, float] = {}
+        self._failing = False
+
+    def _due(self, what: str) -> bool:
+        now = time.monotonic()
+        if now - self._said.get(what, -STORAGE_LOG_EVERY) < STORAGE_LOG_EVERY:
+            return False
+        self._said[what] = now
+        return True
+
+    def failed(self, error: BaseException, doing: str = "writes") -> StorageUnavailable | None:
+        """The API's 503 for ``error`` when it is the store's disk or files refusing the work
+        rather than the work itself (SQLite's FULL, IOERR, READONLY, CANTOPEN, BUSY), logged;
+        None for any other error."""
+        code = getattr(error, "sqlite_errorcode", None)
+        if not isinstance(error, sqlite3.Error) or not isinstance(code, int):
+            return None
+        failure = _STORAGE_FAILURES.get(code & 0xFF)
+        if failure is None:
+            return None
+        name, what, not_made = failure
+        if doing == "writes":
+            self._failing = True
+        if self._due(f"{doing} {name}"):
+            log.error(
+                "%s fail: %s",
+                doing,
+                what,
+                extra={"error": f"{type(error).__name__}: {error}", "code": name},
+            )
+        outcome = (
+            "the change was not made"
+            if not_made
+            else "the change may or may not have been made (retry with an Idempotency-Key)"
         )
-    outcome = (
-        "the change was not made"
-        if not_made
-        else "the change may or may not have been made (retry with an Idempotency-Key)"
-    )
-    return ServiceUnavailable(
-        f"{outcome}: {what}; retry later",
-        code=name,
-        retry_after=STORAGE_RETRY_AFTER,
-    )
+        return StorageUnavailable(
+            f"{outcome}: {what}; retry later", code=name, retry_after=STORAGE_RETRY_AFTER
+        )
+
+    def succeeded(self) -> None:
+        if self._failing:
+            self._failing = False
+            if self._due("writes succeed"):
+                log.info("writes succeed again")
 
 
 @attrs.define(eq=False)
@@ -463,15 +485,13 @@ class WriteRequest:
     # committed or failed; None while no batch has taken it.
     ended: trio.Event | None = None
 
-    def outcome(self) -> Any:
+    def outcome(self, alarm: StorageAlarm) -> Any:
         if self.error is not None:
-            unavailable = storage_failure(self.error)
+            unavailable = alarm.failed(self.error)
             if unavailable is not None:
                 raise unavailable from self.error
             raise self.error
-        if _storage_logged:
-            _storage_logged.clear()
-            log.info("writes succeed again")
+        alarm.succeeded()
         return self.result
 
 
@@ -614,12 +634,12 @@ def _check_writable(data_dir: Path) -> None:
     says only "unable to open database file", which reads like a broken store. (Even to read,
     a store in WAL mode writes its -shm file beside the database.)"""
     for path in (data_dir, db_path(data_dir)):
-        if os.access(path, os.W_OK):
+        if not path.exists() or os.access(path, os.W_OK):
             continue
         if os.statvfs(path).f_flag & os.ST_RDONLY:
             why = "its file system is mounted read-only"
         else:
-            why = f"this user (uid {os.geteuid()}) may not write it"
+            why = f"this user (uid {os.getuid()}) may not write it"
         raise StoreError(
             f"{path} is not writable: {why}; inboxd writes the store and its -wal and -shm"
             " files there"
@@ -678,6 +698,7 @@ class Store:
         self.migrated = 0  # migrations Store.open applied
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
+        self.storage = StorageAlarm()  # logs the disk refusing writes (once a minute)
         self._signals: dict[str, CommitSignal] = {}
 
     @classmethod
@@ -706,8 +727,9 @@ class Store:
                 data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(
-                    f"cannot create the data directory {data_dir}: {exc.strerror}"
+                    f"cannot create the data directory {data_dir}: {exc.strerror or exc}"
                 ) from None
+            _check_writable(data_dir)  # (it may have been there, empty)
         elif not data_dir.is_dir():
             raise StoreError(f"{data_dir} is not a directory")
         else:
@@ -754,7 +776,7 @@ class Store:
                     else:
                         _checkpoint(conn)
                 except sqlite3.Error as exc:
-                    if storage_failure(exc) is None:  # (which logs a full disk once a minute)
+                    if self.storage.failed(exc, "checkpoints") is None:  # (logged there)
                         log.exception("could not checkpoint the WAL")
         finally:
             with trio.CancelScope(shield=True):
@@ -838,7 +860,7 @@ class Store:
             if request.ended is not None:  # a batch took it
                 if not request.ended.is_set():  # (set: its result is here; no checkpoint)
                     await request.ended.wait()  # its leader wakes it after the COMMIT
-                return request.outcome()  # type: ignore[no-any-return]
+                return request.outcome(self.storage)  # type: ignore[no-any-return]
             self._next_leader = True
             try:
                 await self._write_limiter.acquire()
@@ -854,7 +876,7 @@ class Store:
             await self._lead()
         finally:
             self._write_limiter.release()
-        return request.outcome()  # type: ignore[no-any-return]
+        return request.outcome(self.storage)  # type: ignore[no-any-return]
 
     async def _lead(self) -> None:
         """Holding the writer: take every pending write (the leader's own among them) into one
@@ -882,9 +904,13 @@ class Store:
                         # The first ``done`` changes are made; the rest (after one waited for
                         # the disk) and the COMMIT (the fsync) leave the loop.
                         await trio.to_thread.run_sync(self._finish_batch, batch, done)
-            except BaseException as exc:  # never expected: the batch fails, not the store
+            except BaseException as exc:  # the batch fails, not the store
+                # (A BEGIN that the disk refused on the trio thread, say.) Every write of the
+                # batch, the leader's too, returns it through its outcome, as 503 when it is the
+                # disk's doing; only a BaseException (a KeyboardInterrupt) goes on up.
                 self._fail_batch(batch, exc)
-                raise
+                if not isinstance(exc, Exception):
+                    raise
             finally:
                 self.commits.bump()
             for r in batch:

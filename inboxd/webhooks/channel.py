@@ -32,6 +32,7 @@ import trio
 from inboxd import ids
 from inboxd.clock import Clock
 from inboxd.config import ChannelWebhooksConfig
+from inboxd.logs import log_failure
 from inboxd.metrics import Metrics
 from inboxd.store import channel_webhooks as cw
 from inboxd.store.db import Appended, CommitSignal, Store
@@ -149,7 +150,7 @@ class UrlSupervisor:
                 if not await self._turn():
                     return
             except Exception:
-                log.exception("channel webhook supervisor failed; retrying", extra={"url": self.pk})
+                log_failure(log, "channel webhook supervisor failed; retrying", url=self.pk)
                 await trio.sleep(STORE_ERROR_BACKOFF)
 
     async def _turn(self) -> bool:

@@ -37,6 +37,7 @@ import trio
 from inboxd import ids
 from inboxd.clock import Clock
 from inboxd.config import InboxWebhookConfig
+from inboxd.logs import log_failure
 from inboxd.metrics import Metrics
 from inboxd.store import webhooks
 from inboxd.store.db import Appended, Store
@@ -137,7 +138,7 @@ class InboxWebhookDeliverer:
                             break  # saved, rotated or deleted meanwhile: read it again
                         await self._deliver(item)
                 except Exception:
-                    log.exception("inbox webhook delivery failed; retrying shortly")
+                    log_failure(log, "inbox webhook delivery failed; retrying shortly")
                     self._resumed = False  # the series under way may have been cut short
                     await trio.sleep(STORE_ERROR_BACKOFF)
 
@@ -171,7 +172,7 @@ class InboxWebhookDeliverer:
                 except Exception:
                     # The deliveries happened; without their record they are sent again after
                     # a restart.
-                    log.exception("could not record inbox webhook attempts")
+                    log_failure(log, "could not record inbox webhook attempts")
                 finally:
                     for _, _, done in batch:
                         done.set()
