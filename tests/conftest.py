@@ -215,14 +215,20 @@ async def receiver(certs: Certs) -> AsyncIterator[Receiver]:
         check_webhook_request(request.headers, request.body)
 
 
-async def ingest(client: httpx.AsyncClient, channel_id: str, phone: str, **extra: Any) -> Any:
-    body = {
+def message_body(channel_id: str, phone: str, **extra: Any) -> dict[str, Any]:
+    """A messaging API report: an inbound text unless ``extra`` says otherwise."""
+    return {
         "channelId": channel_id,
         "direction": extra.pop("direction", "INBOUND"),
         "contact": {"phoneNumber": phone, **extra.pop("contact", {})},
         "type": extra.pop("type", "TEXT"),
         **extra,
     }
-    response = await client.post("/api/v1/messaging/messages", json=body)
+
+
+async def ingest(client: httpx.AsyncClient, channel_id: str, phone: str, **extra: Any) -> Any:
+    response = await client.post(
+        "/api/v1/messaging/messages", json=message_body(channel_id, phone, **extra)
+    )
     assert response.status_code in (200, 201), response.text
     return response.json()

@@ -64,6 +64,17 @@ async def frames(ws: WebSocketConnection, count: int, within: float = 10) -> lis
     return out
 
 
+async def read_until_closed(ws: WebSocketConnection, within: float = 10) -> tuple[int, int]:
+    """Read what is left until the server closes the socket: how many frames, and the code."""
+    received = 0
+    with pytest.raises(ConnectionClosed) as closed, trio.fail_after(within):
+        while True:
+            await ws.get_message()
+            received += 1
+    assert closed.value.reason is not None
+    return received, closed.value.reason.code
+
+
 async def nothing_more(ws: WebSocketConnection, wait: float = 0.3) -> None:
     with trio.move_on_after(wait):
         extra = await ws.get_message()
@@ -262,12 +273,8 @@ async def test_a_client_that_does_not_keep_up_is_closed_with_1013(
             await ingest(owner, seeded.sales_id, "15550001", content=f"{i} {big}")
             got = await frames(fast, 1)  # the fast client keeps up, and is never closed
             assert got[0]["data"]["content"].startswith(f"{i} ")
-        received = 0
-        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(10):
-            while True:
-                await slow.get_message()
-                received += 1
-    assert closed.value.reason.code == 1013
+        received, code = await read_until_closed(slow)
+    assert code == 1013
     assert received < 200
 
 
@@ -289,12 +296,8 @@ async def test_clients_that_stop_reading_hold_up_nobody_else(
             got = await frames(reader, 1)
             assert got[0]["data"]["content"].startswith(f"{i} ")
         for ws in stuck:  # each stopped reading after the first frames; the queue bound closed it
-            received = 0
-            with pytest.raises(ConnectionClosed) as closed, trio.fail_after(10):
-                while True:
-                    await ws.get_message()
-                    received += 1
-            assert closed.value.reason.code == 1013
+            received, code = await read_until_closed(ws)
+            assert code == 1013
             assert received < 200
 
 

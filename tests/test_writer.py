@@ -34,7 +34,7 @@ from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
 from inboxd.store.writer import WriterProcess
 from tests import writer_helpers as helpers
 from tests.arrange import inbound_text
-from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, seed_store
+from tests.conftest import OPENAPI_HOOKS, Seed, auth, ingest, message_body, seed_store
 
 
 @pytest.fixture
@@ -235,13 +235,7 @@ async def test_a_full_disk_answers_writes_503_while_reads_go_on(
             counts = "/api/v1/inbox/conversations/counts"
             before = (await client.get(counts)).json()
             await store.write(helpers.fill_the_disk)
-            body = {
-                "channelId": seed.sales_id,
-                "direction": "INBOUND",
-                "contact": {"phoneNumber": "15550009"},
-                "type": "TEXT",
-                "content": "x" * 200_000,
-            }
+            body = message_body(seed.sales_id, "15550009", content="x" * 200_000)
             for headers in ({}, {"Idempotency-Key": "full-1"}):
                 r = await client.post("/api/v1/messaging/messages", json=body, headers=headers)
                 assert r.status_code == 503, r.text
