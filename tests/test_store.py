@@ -1022,3 +1022,28 @@ def test_a_data_directory_that_cannot_be_made_is_refused_saying_why(tmp_path: Pa
     assert str(refused.value) == (
         f"cannot create the data directory {tmp_path / 'a-file' / 'data'}: Not a directory"
     )
+
+
+def test_a_store_that_cannot_be_opened_for_its_disk_does_not_read_as_a_broken_store(
+    tmp_path: Path,
+) -> None:
+    """SQLite's error at opening a store on a full disk (FULL, or "disk I/O error" for the
+    -shm file it cannot grow) names the disk; other errors keep "not a usable inboxd store"."""
+
+    def error(code: int, text: str) -> sqlite3.OperationalError:
+        exc = sqlite3.OperationalError(text)
+        exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+        return exc
+
+    assert db._open_failure(tmp_path, error(13, "database or disk is full")) == (
+        f"cannot open the store in {tmp_path}: the disk that holds it is full"
+        " (SQLite: database or disk is full)"
+    )
+    # tmp_path's disk has room: an I/O error there is said as such.
+    assert db._open_failure(tmp_path, error(10 | 19 << 8, "disk I/O error")) == (
+        f"cannot open the store in {tmp_path}: the store's disk failed to read or write"
+        " (SQLite: disk I/O error)"
+    )
+    assert db._open_failure(tmp_path, error(26, "file is not a database")) == (
+        f"{tmp_path / 'inboxd.db'} is not a usable inboxd store: file is not a database"
+    )

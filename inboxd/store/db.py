@@ -404,11 +404,14 @@ def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
 # whether the write can be said not to have been made (an I/O error under a COMMIT's fsync may
 # leave it in the WAL). Not SQLITE_LOCKED: without a shared cache it is a conflict within one
 # connection, a bug.
+SQLITE_FULL: Final = 13
+# With less than this free, an I/O error at opening is taken for the disk being full.
+DISK_NEARLY_FULL: Final = 1 << 20
 _STORAGE_FAILURES: Final = {
     5: ("storage_busy", "another process holds the store's write lock (the CLI, a backup?)", True),
     8: ("storage_unavailable", "the store is read-only (its directory, file or filesystem)", True),
     10: ("storage_unavailable", "the store's disk failed to read or write", False),
-    13: ("storage_full", "the disk that holds the store is full", True),
+    SQLITE_FULL: ("storage_full", "the disk that holds the store is full", True),
     14: ("storage_unavailable", "the store's files cannot be opened", True),
 }
 STORAGE_CODES: Final = sorted({name for name, _, _ in _STORAGE_FAILURES.values()})
@@ -629,6 +632,20 @@ def fail_batch(conn: sqlite3.Connection, batch: list[WriteRequest], exc: BaseExc
             r.error = exc
 
 
+def _open_failure(data_dir: Path, error: sqlite3.DatabaseError) -> str:
+    """Why a store could not be opened, in words that do not call a store broken when its disk
+    is full or failing (SQLite says "disk I/O error" for a -shm file it cannot grow)."""
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
+    if code in _STORAGE_FAILURES:
+        stat = os.statvfs(data_dir)
+        if code == SQLITE_FULL or stat.f_bavail * stat.f_frsize < DISK_NEARLY_FULL:
+            why = "the disk that holds it is full"
+        else:
+            why = _STORAGE_FAILURES[code][1]
+        return f"cannot open the store in {data_dir}: {why} (SQLite: {error})"
+    return f"{db_path(data_dir)} is not a usable inboxd store: {error}"
+
+
 def _check_writable(data_dir: Path) -> None:
     """Refuse a store in a directory or file this process may not write, saying so: SQLite
     says only "unable to open database file", which reads like a broken store. (Even to read,
@@ -748,7 +765,7 @@ class Store:
             finally:
                 boot.close()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{db_path(data_dir)} is not a usable inboxd store: {exc}") from None
+            raise StoreError(_open_failure(data_dir, exc)) from None
         store = cls(data_dir, readers, offload)
         store.migrated = migrated
         return store
