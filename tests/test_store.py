@@ -4,6 +4,7 @@ atomic on its own, fails on its own and is acknowledged only once durable."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sqlite3
 import subprocess
@@ -1047,3 +1048,58 @@ def test_a_store_that_cannot_be_opened_for_its_disk_does_not_read_as_a_broken_st
     assert db._open_failure(tmp_path, error(26, "file is not a database")) == (
         f"{tmp_path / 'inboxd.db'} is not a usable inboxd store: file is not a database"
     )
+
+
+def test_a_batch_whose_rollback_fails_too_leaves_no_write_looking_committed() -> None:
+    """On a failing disk the ROLLBACK of a failed batch may raise as well: every write of the
+    batch has its error by then, so none returns its result as if it had committed."""
+
+    class FailingRollback:
+        in_transaction = True
+
+        def execute(self, sql: str) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    made = db.WriteRequest(fn=lambda conn: None, args=(), result="made, then rolled back")
+    refused = db.WriteRequest(fn=lambda conn: None, args=(), error=ValueError("its own"))
+    cause = sqlite3.OperationalError("database or disk is full")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        db.fail_batch(FailingRollback(), [made, refused], cause)  # type: ignore[arg-type]
+    assert made.error is cause and isinstance(refused.error, ValueError)
+
+
+def test_the_storage_alarm_ends_on_the_truth_whatever_the_order_within_a_minute(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two kinds of failure and successes within a minute: a success held back by the
+    once-a-minute limit is said by a later one, so the log's last word on writes is never a
+    failure that has passed."""
+    caplog.set_level(logging.INFO, logger="inboxd.store")
+    now = [1000.0]
+    monkeypatch.setattr(db.time, "monotonic", lambda: now[0])
+
+    def error(code: int) -> sqlite3.OperationalError:
+        exc = sqlite3.OperationalError(f"code {code}")
+        exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+        return exc
+
+    alarm = db.StorageAlarm()
+    full = alarm.failed(error(13))
+    assert full is not None and full.code == "storage_full"
+    alarm.succeeded()
+    now[0] += 1
+    busy = alarm.failed(error(5))
+    assert busy is not None and busy.code == "storage_busy"
+    alarm.succeeded()  # within the minute: not said yet
+    alarm.succeeded()
+    now[0] += db.STORAGE_LOG_EVERY
+    alarm.succeeded()  # now it is
+    alarm.succeeded()
+    assert alarm.failed(ValueError("a bug")) is None
+    said = [r.getMessage() for r in caplog.records if r.name == "inboxd.store"]
+    assert said == [
+        "writes fail: the disk that holds the store is full",
+        "writes succeed again",
+        "writes fail: another process holds the store's write lock (the CLI, a backup?)",
+        "writes succeed again",
+    ]

@@ -47,6 +47,7 @@ from inboxd.errors import (
     InvalidRequest,
     RateLimited,
     ServiceUnavailable,
+    StorageUnavailable,
     Unauthorized,
 )
 from inboxd.feed import FeedHub
@@ -278,9 +279,11 @@ async def _idempotency_complete(key: str, response: Response) -> None:
             body = _without_secrets(await response.get_data(as_text=False))
             await store.write(idempotency.complete, user_pk, key, response.status_code, body)
     except ServiceUnavailable as exc:
-        # The store refused this write too (a full disk, say; the store logs that): a claim
-        # left running frees itself after a minute (idempotency.claim).
-        log.warning("could not record the Idempotency-Key response", extra={"code": exc.code})
+        # The store refused this write too (a full disk, say: the store logs that, once a
+        # minute, hence debug for storage_*): a claim left running frees itself after a
+        # minute (idempotency.claim).
+        level = logging.DEBUG if isinstance(exc, StorageUnavailable) else logging.WARNING
+        log.log(level, "could not record the Idempotency-Key response", extra={"code": exc.code})
     except Exception:
         log.exception("could not record the Idempotency-Key response")
 

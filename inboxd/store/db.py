@@ -404,13 +404,14 @@ def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
 # whether the write can be said not to have been made (an I/O error under a COMMIT's fsync may
 # leave it in the WAL). Not SQLITE_LOCKED: without a shared cache it is a conflict within one
 # connection, a bug.
+SQLITE_IOERR: Final = 10
 SQLITE_FULL: Final = 13
 # With less than this free, an I/O error at opening is taken for the disk being full.
 DISK_NEARLY_FULL: Final = 1 << 20
 _STORAGE_FAILURES: Final = {
     5: ("storage_busy", "another process holds the store's write lock (the CLI, a backup?)", True),
     8: ("storage_unavailable", "the store is read-only (its directory, file or filesystem)", True),
-    10: ("storage_unavailable", "the store's disk failed to read or write", False),
+    SQLITE_IOERR: ("storage_unavailable", "the store's disk failed to read or write", False),
     SQLITE_FULL: ("storage_full", "the disk that holds the store is full", True),
     14: ("storage_unavailable", "the store's files cannot be opened", True),
 }
@@ -449,9 +450,9 @@ class StorageAlarm:
         if failure is None:
             return None
         name, what, not_made = failure
-        if doing == "writes":
-            self._failing = True
         if self._due(f"{doing} {name}"):
+            if doing == "writes":
+                self._failing = True  # the log's last word on writes: a success will answer it
             log.error(
                 "%s fail: %s",
                 doing,
@@ -468,10 +469,11 @@ class StorageAlarm:
         )
 
     def succeeded(self) -> None:
-        if self._failing:
+        """A write succeeded: say so once the log's last word on writes was a failure (within a
+        minute of the last time it said so, a later success says it)."""
+        if self._failing and self._due("writes succeed"):
             self._failing = False
-            if self._due("writes succeed"):
-                log.info("writes succeed again")
+            log.info("writes succeed again")
 
 
 @attrs.define(eq=False)
@@ -622,14 +624,16 @@ def _commit_batch(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
 
 
 def fail_batch(conn: sqlite3.Connection, batch: list[WriteRequest], exc: BaseException) -> None:
-    """The transaction failed: roll back; nothing of the batch is durable."""
-    _lift_deadline(conn)
-    if conn.in_transaction:
-        conn.execute("ROLLBACK")
+    """The transaction failed: roll back; nothing of the batch is durable. Each write has its
+    error before the ROLLBACK, which may fail too (on a failing disk): none may return its
+    result as if it had committed."""
     for r in batch:
         r.appended, r.wakes = [], set()
         if r.error is None:
             r.error = exc
+    _lift_deadline(conn)
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
 
 
 def _open_failure(data_dir: Path, error: sqlite3.DatabaseError) -> str:
@@ -637,13 +641,19 @@ def _open_failure(data_dir: Path, error: sqlite3.DatabaseError) -> str:
     is full or failing (SQLite says "disk I/O error" for a -shm file it cannot grow)."""
     code = getattr(error, "sqlite_errorcode", 0) & 0xFF
     if code in _STORAGE_FAILURES:
-        stat = os.statvfs(data_dir)
-        if code == SQLITE_FULL or stat.f_bavail * stat.f_frsize < DISK_NEARLY_FULL:
+        why = _STORAGE_FAILURES[code][1]
+        if code == SQLITE_FULL or (code == SQLITE_IOERR and _nearly_full(data_dir)):
             why = "the disk that holds it is full"
-        else:
-            why = _STORAGE_FAILURES[code][1]
         return f"cannot open the store in {data_dir}: {why} (SQLite: {error})"
     return f"{db_path(data_dir)} is not a usable inboxd store: {error}"
+
+
+def _nearly_full(path: Path) -> bool:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < DISK_NEARLY_FULL
 
 
 def _check_writable(data_dir: Path) -> None:
