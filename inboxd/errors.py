@@ -31,13 +31,15 @@ class InboxError(Exception):
     status: ClassVar[int] = 500
     default_code: ClassVar[str] = "internal_error"
 
+    retry_after = 0  # seconds; when set, the answer carries Retry-After
+
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code or self.default_code
 
     def headers(self) -> dict[str, str]:
-        return {}
+        return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled as its class, message and attributes, whatever its constructor takes (the
@@ -100,14 +102,10 @@ class Unprocessable(InboxError):
 class ServiceUnavailable(InboxError):
     status = 503
     default_code = "unavailable"
-    retry_after = 0  # seconds; 0: no Retry-After
 
     def __init__(self, message: str, *, code: str | None = None, retry_after: int = 0) -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)} if self.retry_after else {}
 
 
 class StorageUnavailable(ServiceUnavailable):
@@ -122,9 +120,6 @@ class RateLimited(InboxError):
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)}
 
 
 class StoreError(Exception):

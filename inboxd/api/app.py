@@ -46,11 +46,10 @@ from inboxd.errors import (
     InboxError,
     InvalidRequest,
     RateLimited,
-    ServiceUnavailable,
-    StorageUnavailable,
     Unauthorized,
 )
 from inboxd.feed import FeedHub
+from inboxd.logs import log_failure
 from inboxd.metrics import Metrics
 from inboxd.model import Principal
 from inboxd.store import accounts, idempotency
@@ -278,14 +277,10 @@ async def _idempotency_complete(key: str, response: Response) -> None:
         else:
             body = _without_secrets(await response.get_data(as_text=False))
             await store.write(idempotency.complete, user_pk, key, response.status_code, body)
-    except ServiceUnavailable as exc:
-        # The store refused this write too (a full disk, say: the store logs that, once a
-        # minute, hence debug for storage_*): a claim left running frees itself after a
-        # minute (idempotency.claim).
-        level = logging.DEBUG if isinstance(exc, StorageUnavailable) else logging.WARNING
-        log.log(level, "could not record the Idempotency-Key response", extra={"code": exc.code})
     except Exception:
-        log.exception("could not record the Idempotency-Key response")
+        # (A claim left running frees itself after a minute: idempotency.claim. A full disk
+        # that refused this too is logged by the store, once a minute: log_failure.)
+        log_failure(log, "could not record the Idempotency-Key response")
 
 
 # Fields of a response that carry a new API key or signing secret (new keys, accepted invites,
