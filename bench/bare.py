@@ -20,6 +20,7 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 
 from inboxd import heap
+from inboxd.api import framing
 
 app = QuartTrio("bare")
 clients: set[trio.MemorySendChannel[str]] = set()
@@ -89,6 +90,7 @@ async def main(port: int) -> None:
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None
     config.websocket_ping_interval = 20
+    framing.install()  # the daemon's changes to hypercorn (inboxd/api/framing.py): the same setup
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(serve, app, config))
         heap.settle()  # the daemon's collector settings (inboxd/heap.py): the same setup

@@ -131,7 +131,7 @@ async def run(
     app = create_app(store, config, clock)
     app_state: AppState = app.extensions["inboxd"]
     hc = hypercorn_config(config, bind or config.server.bind)
-    framing.install()  # hypercorn's own 400s get a JSON body; closes are not cut short
+    framing.install()  # hypercorn's own 400s get a JSON body; closes finish; answers go whole
     client = make_client(config.webhooks)
     channel_client = make_client(config.webhooks, max_connections=None)
     if offload_store:  # (not on MockClock tests: there every write stays on the trio thread)

@@ -388,6 +388,78 @@ async def _read_responses(stream: trio.SocketStream, count: int) -> bytes:
         data += more
 
 
+async def _h11_exchange(
+    stream: trio.SocketStream, client: h11.Connection, method: bytes, target: bytes, key: str
+) -> bytes:
+    """One request on a kept-alive connection; the bytes of its whole answer."""
+    headers = [(b"host", b"inboxd"), (b"authorization", f"Bearer {key}".encode())]
+    await stream.send_all(
+        client.send(h11.Request(method=method, target=target, headers=headers))
+        + client.send(h11.EndOfMessage())
+    )
+    received = b""
+    with trio.fail_after(5):
+        while True:
+            event = client.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some()
+                received += data
+                client.receive_data(data)
+            elif isinstance(event, h11.EndOfMessage):
+                client.start_next_cycle()
+                return received
+
+
+async def test_an_answer_goes_out_in_one_send(
+    base_url: str, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """framing sends an answer's head with its body: hypercorn sent the head, the body and an
+    empty end each on its own (two sends and more passes of trio's scheduler per answer)."""
+    from hypercorn.events import RawData
+    from hypercorn.trio.tcp_server import TCPServer
+
+    sends: list[bytes] = []
+    protocol_send = TCPServer.protocol_send
+
+    async def recording(self: Any, event: Any) -> None:
+        if isinstance(event, RawData):
+            sends.append(bytes(event.data))
+        await protocol_send(self, event)
+
+    monkeypatch.setattr(TCPServer, "protocol_send", recording)
+    stream = await _connect(base_url)
+    client = h11.Connection(h11.CLIENT)
+    answers = [
+        (b"GET", b"/api/v1/inbox/channels", 200),
+        (b"HEAD", b"/api/v1/inbox/channels", 200),  # a head and no body
+        (b"GET", b"/api/v1/no/such/thing", 404),
+        (b"GET", b"/healthz", 200),
+    ]
+    for method, target, status in answers:
+        sends.clear()
+        received = await _h11_exchange(stream, client, method, target, seeded.owner_key)
+        assert received.startswith(f"HTTP/1.1 {status} ".encode()), received
+        assert sends == [received]
+    await stream.aclose()
+
+
+async def test_a_100_continue_goes_out_before_the_body_comes(base_url: str, seeded: Seed) -> None:
+    """An informational answer is not held back for a body: the client waits for it."""
+    body = b'{"channel_id": "nope"}'
+    stream = await _connect(base_url)
+    head = _post_head(seeded.owner_key, len(body)).replace(
+        b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n"
+    )
+    await stream.send_all(head)
+    with trio.fail_after(5):
+        interim = await stream.receive_some()
+    assert interim.startswith(b"HTTP/1.1 100 ") and interim.endswith(b"\r\n\r\n"), interim
+    await stream.send_all(body)
+    answer = await _read_responses(stream, 1)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    await stream.aclose()
+
+
 async def test_an_answer_decided_before_the_body_keeps_the_connection(
     base_url: str, seeded: Seed
 ) -> None:

@@ -32,6 +32,16 @@ within the app's last ``send``; quart-trio meanwhile sees the request end and ca
 send's task, so the close stopped half-way and the socket stayed open until the client closed
 it or ``read_timeout`` (60 s) passed. The close (a shutdown and a close, or a TLS goodbye) now
 finishes, within ``CLOSE_SECONDS``.
+
+And ``install`` sends an answer's head with its body. hypercorn sends every h11 event on its
+own: the head, the body, and the end of a body with a Content-Length (no bytes at all). Each is
+a ``send_all`` under the connection's send lock, so each is two or three passes of trio's
+scheduler and, for the head and the body, a ``sendto`` of its own, and the client gets the
+head and must wait for the rest. ``install`` replaces ``H11Protocol._send_h11_event`` so the
+head waits for the first bytes of the body (or its end) and goes with them, and an event with
+no bytes sends nothing: one ``send_all`` for a whole answer (bench/HISTORY.md, nineteenth
+session). An answer that streams still sends its head with the first chunk; an informational
+answer (100 Continue, a websocket's 101) goes at once.
 """
 
 from __future__ import annotations
@@ -108,7 +118,8 @@ def install() -> bool:
     ws_handle = getattr(WSStream, "handle", None)
     ws_error = getattr(WSStream, "_send_error_response", None)
     if (
-        original is None
+        getattr(H11Protocol, "_send_h11_event", None) is None
+        or original is None
         or handle is None
         or recycle is None
         or close is None
@@ -122,6 +133,24 @@ def install() -> bool:
         return False
     if getattr(original, _INSTALLED, False):
         return True
+
+    async def sending_head_with_body(self: Any, event: Any) -> None:
+        # hypercorn's own, but a response's head is held for the bytes after it.
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        if type(event) is h11.Response:
+            self._inboxd_head = data
+            return
+        head = getattr(self, "_inboxd_head", None)
+        if head is not None:
+            self._inboxd_head = None
+            data = head + data
+        if data:
+            await self.send(RawData(data=data))
 
     async def noting_head(self: Any, event: Any) -> None:
         # Bytes of a request not yet parsed arrive: keep its first five (the request line may
@@ -204,6 +233,7 @@ def install() -> bool:
     setattr(send_json_error, _INSTALLED, True)
     TCPServer._close = close_whole  # type: ignore[method-assign]
     H11Protocol.handle = noting_head  # type: ignore[method-assign]
+    H11Protocol._send_h11_event = sending_head_with_body  # type: ignore[method-assign]
     H11Protocol._maybe_recycle = noting_next_head  # type: ignore[method-assign]
     H11Protocol._send_error_response = send_json_error  # type: ignore[method-assign]
     WSStream.handle = ws_closing_refusals  # type: ignore[method-assign]
