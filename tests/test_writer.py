@@ -330,6 +330,36 @@ async def test_events_of_a_batch_whose_writer_died_after_committing_are_still_he
     assert [a.seq for a in seen] == sorted({a.seq for a in seen})
 
 
+async def test_events_of_a_batch_whose_answer_failed_here_are_still_heard(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child committed and answered, but reading the answer raised something unforeseen
+    (not a lost child): the write fails, yet the listeners hear of its event at once, as
+    after a lost writer (left from the eighteenth session's review: they heard nothing)."""
+    seen: list[Appended] = []
+    store.add_journal_listener(seen.extend)
+    await store.write(helpers.record_pid, 1)
+    assert store.writer_process is not None
+    receive = WriterProcess._receive
+
+    async def receive_then_fail(self: WriterProcess, process: trio.Process) -> bytes:
+        await receive(self, process)
+        raise RuntimeError("something unforeseen")
+
+    monkeypatch.setattr(WriterProcess, "_receive", receive_then_fail)
+    signal_before = store.signal("test.signal").version
+    with pytest.raises(RuntimeError):
+        await store.write(helpers.record_pid, 2)
+    assert [d["n"] for d in committed(store)] == [1, 2]  # it committed
+    heard = [json.loads(a.body)["data"]["n"] for a in seen if a.type == "test.pid"]
+    assert heard == [1, 2]
+    assert store.signal("test.signal").version > signal_before
+    monkeypatch.undo()
+    await store.write(helpers.record_pid, 3)  # the same child, still in step
+    heard = [json.loads(a.body)["data"]["n"] for a in seen if a.type == "test.pid"]
+    assert heard == [1, 2, 3]
+
+
 async def test_the_writer_ignores_sigterm_and_exits_once_its_pipe_closes(store: Store) -> None:
     child = await store.write(helpers.record_pid, 1)
     os.kill(child, signal.SIGTERM)  # systemd stopping the unit signals every process in it

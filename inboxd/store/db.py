@@ -913,6 +913,9 @@ class Store:
         for r in batch:
             r.ended = ended
         self.batches += 1
+        # True while the writer process may have committed a batch whose answer never came
+        # back here (run raised midway): its events must then be read from the journal.
+        fate_unknown = False
         try:
             try:
                 # Shielded: once a batch is taken it runs and commits (or fails) whole, even if
@@ -920,7 +923,12 @@ class Store:
                 # writes of the batch would be lost, or left inside an open transaction that
                 # every later write fails on.
                 with trio.CancelScope(shield=True):
-                    if self.writer_process is not None and await self.writer_process.run(batch):
+                    ran = False
+                    if self.writer_process is not None:
+                        fate_unknown = True
+                        ran = await self.writer_process.run(batch)
+                        fate_unknown = False
+                    if ran:
                         pass  # the writer process ran it
                     elif not self._offload:
                         self._run_batch(batch)
@@ -948,17 +956,18 @@ class Store:
                 for name in r.wakes:
                     if (signal := self._signals.get(name)) is not None:
                         signal.bump()
-            if any(_writer_stopped(r.error) for r in batch):
+            if fate_unknown or any(_writer_stopped(r.error) for r in batch):
                 await self._catch_up_listeners()
         finally:
             ended.set()  # in one go: each write of the batch returns its own outcome
 
     async def _catch_up_listeners(self) -> None:
-        """The writer process was lost during a batch: whether it committed is unknown here,
-        and if it did, its events and wakes never came back. Tell the listeners of every
-        journal event after the last one they heard of, in order (still holding the writer,
-        so nothing newer commits meanwhile), and bump every signal: the live feed has no gap,
-        and the inbox webhook, the mailer and the channel webhooks do not sleep on work."""
+        """The writer process was lost during a batch (or ``run`` failed after sending it):
+        whether it committed is unknown here, and if it did, its events and wakes never came
+        back. Tell the listeners of every journal event after the last one they heard of, in
+        order (still holding the writer, so nothing newer commits meanwhile), and bump every
+        signal: the live feed has no gap, and the inbox webhook, the mailer and the channel
+        webhooks do not sleep on work."""
         try:
             missed = await self.read(_journal_after, self._heard_seq)
         except Exception:
