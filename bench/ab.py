@@ -11,6 +11,10 @@ how busy each daemon's serving thread was (its CPU time over the slice's wall ti
 change that leaves the thread waiting less (for the writer process, say) shows there even when
 the machine's noise hides it in requests/s.
 
+The row ``ceiling`` (not run unless asked for) loads each version's own bare app instead, the
+baseline's from its worktree: what a change to the setup both serve with (bench/bare.py installs
+the daemon's changes to hypercorn) does to the ceiling itself.
+
 The store given must be one the baseline understands (its schema or older): both copies are
 made from it, and each daemon migrates its own. Needs wrk and git; the copies need free disk.
 """
@@ -40,13 +44,20 @@ from bench.http import (
     run_wrk,
 )
 
-ROWS = ("list", "list-channel", "read", "counts", "history", "title", "assignee")
+ROWS = ("list", "list-channel", "read", "counts", "history", "title", "assignee", "ceiling")
+# Not in the default rows: "ceiling" loads each version's own bare app (bench/bare.py, from the
+# baseline's worktree and from the working tree), for a change to the setup both serve with.
+DEFAULT_ROWS = ROWS[:-1]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a store from 'bench generate' (copied twice)")
     p.add_argument("--baseline", default="HEAD", help="the git revision to compare with (HEAD)")
-    p.add_argument("--rows", default=",".join(ROWS), help=f"some of {', '.join(ROWS)}")
+    p.add_argument(
+        "--rows",
+        default=",".join(DEFAULT_ROWS),
+        help=f"some of {', '.join(ROWS)} (all but ceiling: each version's own bare app)",
+    )
     p.add_argument("--slices", type=int, default=6, help="slices per version and row (6)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per slice (3)")
 
@@ -109,6 +120,7 @@ def _requests(ids: dict[str, Any]) -> dict[str, tuple[str, str | None, list[str]
             [],
         ),
         "counts": ("/api/v1/inbox/conversations/counts", None, []),
+        "ceiling": ("/ceiling", None, []),
     }
     for name, rotate in paths.items():
         out[name] = ("", LUA_ROTATE % ", ".join(json.dumps(p) for p in rotate), [])
@@ -152,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
             wait_http(f"http://127.0.0.1:{ports[who]}/readyz", timeout=1800, process=daemons[who])
         daemons["bare"] = start(["-m", "bench.bare", str(ports["bare"])])
         wait_http(f"http://127.0.0.1:{ports['bare']}/healthz")
+        if "ceiling" in rows:  # the baseline's own bare app, from its worktree
+            ports["bare-before"] = free_port()
+            command = ["-m", "bench.bare", str(ports["bare-before"])]
+            daemons["bare-before"] = start(command, cwd=baseline_src)
+            wait_http(f"http://127.0.0.1:{ports['bare-before']}/healthz")
         paths = _rotated_paths(ids)
 
         def load(url: str, rotate: list[str] | str, key: str | None, script: str | None) -> Any:
@@ -173,10 +190,14 @@ def run(args: argparse.Namespace) -> int:
             p99s: dict[str, list[float]] = {"before": [], "after": [], "bare": []}
             errors = {"before": 0.0, "after": 0.0}
             busy: dict[str, list[float]] = {"before": [], "after": []}
+            # whose server each version's slices load: the daemons, or for "ceiling" the bare apps
+            served = {"before": "before", "after": "after"}
+            if row == "ceiling":
+                served = {"before": "bare-before", "after": "bare"}
             for who in ("before", "after"):  # warm-up: page cache, first-use costs
                 if targets:
                     reset_for_writes(stores[who], targets)
-                url = f"http://127.0.0.1:{ports[who]}{path}"
+                url = f"http://127.0.0.1:{ports[served[who]]}{path}"
                 load(url, paths.get(row, ""), ids["key"], script)
             for i in range(args.slices):
                 ceiling = f"http://127.0.0.1:{ports['bare']}/ceiling"
@@ -186,12 +207,12 @@ def run(args: argparse.Namespace) -> int:
                 for who in ("before", "after") if i % 2 == 0 else ("after", "before"):
                     if targets:  # every write a real change: both stores start each slice alike
                         reset_for_writes(stores[who], targets)
-                    url = f"http://127.0.0.1:{ports[who]}{path}"
-                    cpu, started = thread_cpu_seconds(daemons[who].pid), time.perf_counter()
+                    url = f"http://127.0.0.1:{ports[served[who]]}{path}"
+                    pid = daemons[served[who]].pid
+                    cpu, started = thread_cpu_seconds(pid), time.perf_counter()
                     result = load(url, paths.get(row, ""), ids["key"], script)
                     busy[who].append(
-                        (thread_cpu_seconds(daemons[who].pid) - cpu)
-                        / (time.perf_counter() - started)
+                        (thread_cpu_seconds(pid) - cpu) / (time.perf_counter() - started)
                     )
                     seen[who].append(result["rps"])
                     p99s[who].append(result["p99_ms"])
