@@ -431,6 +431,8 @@ async def test_an_answer_goes_out_in_one_send(
     client = h11.Connection(h11.CLIENT)
     answers = [
         (b"GET", b"/api/v1/inbox/channels", 200),
+        (b"GET", b"/api/v1/inbox/conversations?limit=50", 200),
+        (b"GET", b"/api/v1/inbox/conversations/counts", 200),
         (b"HEAD", b"/api/v1/inbox/channels", 200),  # a head and no body
         (b"GET", b"/api/v1/no/such/thing", 404),
         (b"GET", b"/healthz", 200),
