@@ -445,6 +445,42 @@ async def test_an_answer_goes_out_in_one_send(
     await stream.aclose()
 
 
+async def test_a_head_held_when_the_app_fails_still_goes_out(nursery: trio.Nursery) -> None:
+    """An app that fails after starting its answer: the held head is sent when the stream
+    closes, as hypercorn alone sends it, and the connection closes (not an empty answer on a
+    kept-alive connection, which some clients retry). Found by the nineteenth session's
+    review; inboxd's routes start and end their answers in one go."""
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.trio import serve
+
+    from inboxd.api import framing
+
+    assert framing.install()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        headers = [(b"content-length", b"10")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        raise RuntimeError("the app fails after starting its answer")
+
+    config = HyperConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.errorlog = None
+    binds = await nursery.start(serve, app, config)
+    stream = await _connect(binds[0])
+    await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    received = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some():
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b"\r\n\r\n"), received
+    await stream.aclose()
+
+
 async def test_a_100_continue_goes_out_before_the_body_comes(base_url: str, seeded: Seed) -> None:
     """An informational answer is not held back for a body: the client waits for it."""
     body = b'{"channel_id": "nope"}'

@@ -335,10 +335,12 @@ async def test_events_of_a_batch_whose_answer_failed_here_are_still_heard(
 ) -> None:
     """The child committed and answered, but reading the answer raised something unforeseen
     (not a lost child): the write fails, yet the listeners hear of its event at once, as
-    after a lost writer (left from the eighteenth session's review: they heard nothing)."""
+    after a lost writer (left from the eighteenth session's review: they heard nothing). The
+    child is ended first (it could have been still at work, its answer unread), so the
+    journal read is final, and the next write goes to a new child."""
     seen: list[Appended] = []
     store.add_journal_listener(seen.extend)
-    await store.write(helpers.record_pid, 1)
+    first_child = await store.write(helpers.record_pid, 1)
     assert store.writer_process is not None
     receive = WriterProcess._receive
 
@@ -355,9 +357,30 @@ async def test_events_of_a_batch_whose_answer_failed_here_are_still_heard(
     assert heard == [1, 2]
     assert store.signal("test.signal").version > signal_before
     monkeypatch.undo()
-    await store.write(helpers.record_pid, 3)  # the same child, still in step
+    assert await store.write(helpers.record_pid, 3) != first_child
     heard = [json.loads(a.body)["data"]["n"] for a in seen if a.type == "test.pid"]
     assert heard == [1, 2, 3]
+
+
+async def test_a_child_left_at_work_by_an_unforeseen_error_is_ended(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unforeseen error before the answer was read: the child, still running the batch, is
+    ended rather than left to commit later (unheard) and to answer the next batch with this
+    one's outcomes (found by the nineteenth session's review)."""
+    first_child = await store.write(helpers.record_pid, 1)
+
+    async def fail_at_once(self: WriterProcess, process: trio.Process) -> bytes:
+        raise RuntimeError("something unforeseen")
+
+    monkeypatch.setattr(WriterProcess, "_receive", fail_at_once)
+    with pytest.raises(RuntimeError):
+        await store.write(helpers.sleep_then_record, 1.0)
+    monkeypatch.undo()
+    second_child = await store.write(helpers.record_pid, 3)
+    assert second_child not in (None, first_child)
+    await trio.sleep(1.5)  # (past the first child's sleep, had it lived)
+    assert [d["n"] for d in committed(store)] == [1, 3]
 
 
 async def test_the_writer_ignores_sigterm_and_exits_once_its_pipe_closes(store: Store) -> None:

@@ -39,9 +39,12 @@ a ``send_all`` under the connection's send lock, so each is two or three passes 
 scheduler and, for the head and the body, a ``sendto`` of its own, and the client gets the
 head and must wait for the rest. ``install`` replaces ``H11Protocol._send_h11_event`` so the
 head waits for the first bytes of the body (or its end) and goes with them, and an event with
-no bytes sends nothing: one ``send_all`` for a whole answer (bench/HISTORY.md, nineteenth
-session). An answer that streams still sends its head with the first chunk; an informational
-answer (100 Continue, a websocket's 101) goes at once.
+no bytes sends nothing: one ``send_all`` for a whole answer with a Content-Length, which is
+every answer inboxd gives (a chunked one's end carries bytes and goes on its own;
+bench/HISTORY.md, nineteenth session). An answer that streams sends its head with its first
+chunk; an informational answer (100 Continue, a websocket's 101) goes at once. A head held when
+the stream closes (the app failed after starting its answer) is sent then, as hypercorn would
+have.
 """
 
 from __future__ import annotations
@@ -101,8 +104,8 @@ def websocket_error_body(status: int) -> bytes:
 
 
 def install() -> bool:
-    """Make hypercorn's own error answers JSON and its closes finish (once per process);
-    whether it could."""
+    """Make hypercorn's own error answers JSON, its closes finish and each answer go out in
+    one send (once per process); whether it could."""
     try:
         from hypercorn.events import RawData
         from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
@@ -128,7 +131,8 @@ def install() -> bool:
     ):
         log.warning(
             "this hypercorn is not the one framing.py knows: its answers to malformed requests"
-            " keep their empty bodies, and a close a request asked for may wait for the client"
+            " keep their empty bodies, a close a request asked for may wait for the client,"
+            " and each answer's head and body go out apart"
         )
         return False
     if getattr(original, _INSTALLED, False):
@@ -162,6 +166,12 @@ def install() -> bool:
         await handle(self, event)
 
     async def noting_next_head(self: Any) -> None:
+        # The stream is closed. A head still held (an app that failed after starting its
+        # answer) goes now, as hypercorn would have sent it: the client sees an answer cut
+        # short, not an empty one, which some clients retry on a kept-alive connection.
+        if (head := getattr(self, "_inboxd_head", None)) is not None:
+            self._inboxd_head = None
+            await self.send(RawData(data=head))
         # The exchange is over and the next begins: its first bytes, if they came already,
         # are h11's unread data (usually none). (Before the original: it lets the reading
         # task run on.)

@@ -914,7 +914,8 @@ class Store:
             r.ended = ended
         self.batches += 1
         # True while the writer process may have committed a batch whose answer never came
-        # back here (run raised midway): its events must then be read from the journal.
+        # back here (run raised midway; it then ended the child, so the journal is final):
+        # its events must be read from the journal.
         fate_unknown = False
         try:
             try:
@@ -957,7 +958,8 @@ class Store:
                     if (signal := self._signals.get(name)) is not None:
                         signal.bump()
             if fate_unknown or any(_writer_stopped(r.error) for r in batch):
-                await self._catch_up_listeners()
+                with trio.CancelScope(shield=True):  # (the leader may be cancelled by now)
+                    await self._catch_up_listeners()
         finally:
             ended.set()  # in one go: each write of the batch returns its own outcome
 

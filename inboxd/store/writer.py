@@ -357,6 +357,18 @@ class WriterProcess:
         if not sent:
             return True
         try:
+            return await self._run(batch, sent, payload)
+        except BaseException as exc:
+            # Unforeseen, after the batch may have been sent: the child may still be running it
+            # and commit later, and its answer would put the pipe out of step. End it, so the
+            # journal the caller reads next is final; the next batch starts a new child.
+            await self._lost(exc)
+            raise
+
+    async def _run(
+        self, batch: list[WriteRequest], sent: list[WriteRequest], payload: list[bytes]
+    ) -> bool:
+        try:
             try:
                 process = await self._ensure()
             except OSError:
