@@ -13,7 +13,9 @@ the machine's noise hides it in requests/s.
 
 The row ``ceiling`` (not run unless asked for) loads each version's own bare app instead, the
 baseline's from its worktree: what a change to the setup both serve with (bench/bare.py installs
-the daemon's changes to hypercorn) does to the ceiling itself.
+the daemon's changes to hypercorn) does to the ceiling itself. With it, every other row also
+prints each version's share of its own ceiling (the baseline's estimated as that row's ceiling
+over the ceiling row's after / before).
 
 The store given must be one the baseline understands (its schema or older): both copies are
 made from it, and each daemon migrates its own. Needs wrk and git; the copies need free disk.
@@ -242,9 +244,21 @@ def run(args: argparse.Namespace) -> int:
             "shares of the ceiling; after / before (median); p99 ms (median slice); busy",
         )
     ]
+    # With the ceiling row, each version's share of its own ceiling: the baseline's bare app
+    # was loaded only in that row, so beside another row it is the working tree's bare app
+    # there over the ceiling row's after / before.
+    ceiling_ratio = figures["ceiling"]["ratio"] if "ceiling" in figures else None
     for row, f in figures.items():
         m, p = f["rps"], f["p99_ms"]
-        errors = "" if not any(f["non_2xx"].values()) else f"; non-2xx {f['non_2xx']}"
+        extra = ""
+        if ceiling_ratio is not None and row != "ceiling":
+            own_before = m["before"] / (m["bare"] / ceiling_ratio)
+            f["own_ceiling_shares"] = {"before": own_before, "after": m["after"] / m["bare"]}
+            extra = (
+                f"; of each version's own ceiling {own_before:.0%} -> {m['after'] / m['bare']:.0%}"
+            )
+        if any(f["non_2xx"].values()):
+            extra += f"; non-2xx {f['non_2xx']}"
         table.append(
             (
                 row,
@@ -252,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
                 f"ceiling {m['bare']:,.0f}: {m['before'] / m['bare']:.0%} -> "
                 f"{m['after'] / m['bare']:.0%}; x{f['ratio']:.3f}; p99 {p['before']:.0f} -> "
                 f"{p['after']:.0f} (ceiling {p['bare']:.0f}); serving thread busy "
-                f"{f['thread_busy']['before']:.0%} -> {f['thread_busy']['after']:.0%}{errors}",
+                f"{f['thread_busy']['before']:.0%} -> {f['thread_busy']['after']:.0%}{extra}",
             )
         )
     shown = {w: "n/a" if n is None else f"{n:.0f}" for w, n in waits.items()}
