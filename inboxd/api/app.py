@@ -41,13 +41,7 @@ from inboxd.api.http import encoded_json, json_response, read_body
 from inboxd.api.ratelimit import RateLimiter, retry_after_seconds
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
-from inboxd.errors import (
-    Forbidden,
-    InboxError,
-    InvalidRequest,
-    RateLimited,
-    Unauthorized,
-)
+from inboxd.errors import Forbidden, InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import FeedHub
 from inboxd.logs import log_failure
 from inboxd.metrics import Metrics
