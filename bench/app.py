@@ -8,8 +8,9 @@ request at a time, and times the thread's CPU per request; each figure is the mi
 reads it adds to the same app a bare 1 KB JSON route (at the app, in a blueprint, and in a
 blueprint behind the API's key check), so the table shows what each layer adds; and times the
 bare quart-trio app of ``bench http``'s ceiling (``bench/bare.py``) called the same way, the
-store's read of one conversation and the key cache's hit alone, and the first list page's rows
-read and encoded as the route does (bytes) and as it did before the twelfth session (text).
+store's read of one conversation and the key cache's hit alone, the first list page read at the
+store as the route reads it, and its rows' stored JSON read and encoded as bytes (since the
+twelfth session) and as text (before it).
 
 The store is only read (GET requests; the key's lastUsedAt stays in memory).
 """
@@ -134,17 +135,24 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         timed.update({name: (lambda scope=scope: call(scope)) for name, scope in routes.items()})
         timed["the store's read of one conversation, alone"] = read_one
         timed["the key's hash and the key cache's hit (KeyCache.cached), alone"] = lookup
-        # The first list page's rows read and encoded into the answer, as the route does (the
-        # stored JSON's UTF-8 bytes) and as it did before the twelfth session (decoded into a
-        # str, joined, encoded again): the same for ASCII, dearer for text beyond it.
-        keys = store.read_sync(conversations._page_keys, who, conversations.ListQuery(limit=50))
+        # The first list page at the store, as the route reads it; then its rows' stored JSON
+        # read and encoded into the answer as UTF-8 bytes (as the route does since the twelfth
+        # session) and as text (decoded into a str, joined, encoded again): the same for
+        # ASCII, dearer for text beyond it.
+        first_page = conversations.ListQuery(limit=50)
+        timed["the first list page read at the store (list_page_json), alone"] = lambda: store.read(
+            conversations.list_page_json, who, first_page
+        )
+        keys = store.read_sync(conversations._page_keys, who, first_page)
         page_pks = [pk for _, pk in keys[:50]]
-        as_text = store.read_sync(_page_as_text, page_pks)
+        as_text = store.read_sync(_page_rows, page_pks, "json")
         beyond = "" if as_text.isascii() else ", text beyond ASCII"
         as_bytes = f"the first list page's rows read and encoded as bytes{beyond}, alone"
-        timed[as_bytes] = lambda: _encode_page(store.read_sync(conversations.wire_array, page_pks))
+        timed[as_bytes] = lambda: _encode_page(
+            store.read_sync(_page_rows, page_pks, "CAST(json AS BLOB)")
+        )
         timed[f"the same as text (before the twelfth session){beyond}, alone"] = lambda: (
-            _encode_page(store.read_sync(_page_as_text, page_pks))
+            _encode_page(store.read_sync(_page_rows, page_pks, "json"))
         )
         best = dict.fromkeys(timed, float("inf"))
         for _ in range(args.rounds):
@@ -158,15 +166,18 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         store.close()
 
 
-def _page_as_text(conn: sqlite3.Connection, pks: list[int]) -> str:
-    """``conversations.wire_array`` as it read the JSON before the twelfth session: as text."""
+def _page_rows(conn: sqlite3.Connection, pks: list[int], column: str) -> Any:
+    """The rows' stored JSON as one array, read as the list page read it from the eleventh
+    session to the twentieth (one IN (...) lookup, mapped back to the keys' order): as
+    ``CAST(json AS BLOB)`` (bytes) or as ``json`` (text, before the twelfth session)."""
     cursor = conn.cursor()
     cursor.row_factory = None
     marks = ",".join("?" * len(pks))
     found = dict(
-        cursor.execute(f"SELECT pk, json FROM conversation_wire WHERE pk IN ({marks})", pks)
+        cursor.execute(f"SELECT pk, {column} FROM conversation_wire WHERE pk IN ({marks})", pks)
     )
-    return "[" + ",".join([found[pk] for pk in pks if pk in found]) + "]"
+    parts = [found[pk] for pk in pks if pk in found]
+    return (b"[" + b",".join(parts) + b"]") if column != "json" else "[" + ",".join(parts) + "]"
 
 
 async def _encode_page(rows: bytes | str) -> bytes:

@@ -585,12 +585,21 @@ async def test_stored_conversation_json_follows_contact_assignee_and_channel(
                 for r in c.execute("SELECT pk FROM conversations WHERE id IN (?, ?)", (cid, other))
             ]
         )
-        stored = store.read_sync(lambda c: conversations.wire_array(c, pks))
+        stored = store.read_sync(
+            lambda c: [
+                json.loads(
+                    c.execute("SELECT json FROM conversation_wire WHERE pk = ?", (pk,)).fetchone()[
+                        0
+                    ]
+                )
+                for pk in pks
+            ]
+        )
         built = [
             wire.conversation(c, with_contact=True)
             for c in store.read_sync(conversations.load, pks)
         ]
-        return json.loads(stored), built
+        return stored, built
 
     stored, built = stored_and_built()
     mine = next(s for s in stored if s["id"] == cid)  # type: ignore[index]

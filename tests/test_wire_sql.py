@@ -136,9 +136,10 @@ def test_sql_json_matches_the_wire_module(
     from_model = store.read_sync(conversations.load, [pk])
     built = [wire.conversation(c, with_contact=True) for c in from_model]
     assert json.loads(from_sql) == built
-    # What list pages serve: the same text, from conversation_wire alone.
-    assert json.loads(store.read_sync(lambda c: conversations.wire_array(c, [pk]))) == built
     who = store.read_sync(accounts.authenticate, seed.owner_key)
+    # What list pages serve: the same text, from conversation_wire.
+    page = store.read_sync(conversations.list_page_json, who, conversations.ListQuery(limit=200))
+    assert [c for c in json.loads(page.rows.json) if c["id"] == conv_id] == built
     one = store.read_sync(conversations.get_json, who, conv_id)
     assert json.loads(one) == wire.conversation(from_model[0], with_contact=True)
 

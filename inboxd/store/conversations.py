@@ -70,27 +70,6 @@ def _tuples(conn: sqlite3.Connection) -> sqlite3.Cursor:
     return cursor
 
 
-def wire_array(conn: sqlite3.Connection, pks: Sequence[int]) -> bytes:
-    """The conversations' stored wire JSON as one array, in the order of ``pks``.
-
-    From ``conversation_wire`` alone: a list page's order and cursor come from the sort index
-    (``_page_keys``), so each row costs one lookup instead of two (``load_json`` joins
-    ``conversations`` for the sort key): 103-109 -> 72-73 us for a page of 50 on the
-    10M-message store (by hand; ``bench http`` prints the list page's floor)."""
-    if not pks:
-        return b"[]"
-    found = dict(
-        _tuples(conn)
-        .execute(
-            f"SELECT w.pk, {WIRE_JSON} FROM conversation_wire w"
-            f" WHERE w.pk IN ({','.join('?' * len(pks))})",
-            list(pks),
-        )
-        .fetchall()
-    )
-    return b"[" + b",".join([found[pk] for pk in pks if pk in found]) + b"]"
-
-
 def _conversation(r: sqlite3.Row) -> Conversation:
     assignee = (
         None
@@ -189,10 +168,19 @@ def _scope(
 
 def _page_keys(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> list[tuple[int, int]]:
     """Up to ``q.limit + 1`` (sort_at, pk) of the page, in order (one more tells whether more
-    follow). The sort key comes with each pk: the page's rows then need only their JSON."""
+    follow)."""
+    query = _page_keys_sql(conn, who, q)
+    return [] if query is None else _tuples(conn).execute(*query).fetchall()
+
+
+def _page_keys_sql(
+    conn: sqlite3.Connection, who: Principal, q: ListQuery
+) -> tuple[str, list[object]] | None:
+    """The query of ``_page_keys`` and its parameters (None: the page is empty). It walks a
+    sort index only: the sort key comes with each pk."""
     scope = _scope(conn, who, q.channel_id)
     if scope is None:
-        return []
+        return None
     where, params = scope
     if q.status is not None:
         where.append("c.status = ?")
@@ -210,7 +198,7 @@ def _page_keys(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> list[t
             "SELECT pk FROM users WHERE id = ? AND account_pk = ?", (q.assignee_id, who.account_pk)
         ).fetchone()
         if row is None:
-            return []
+            return None
         where.append("c.assigned_to_pk = ?")
         params.append(row["pk"])
     if q.cursor is not None:
@@ -218,13 +206,9 @@ def _page_keys(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> list[t
         params += list(q.cursor)
     params.append(q.limit + 1)
     return (
-        _tuples(conn)
-        .execute(
-            f"SELECT c.sort_at, c.pk FROM conversations c WHERE {' AND '.join(where)}"
-            " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?",
-            params,
-        )
-        .fetchall()
+        f"SELECT c.sort_at, c.pk FROM conversations c WHERE {' AND '.join(where)}"
+        " ORDER BY c.sort_at DESC, c.pk DESC LIMIT ?",
+        params,
     )
 
 
@@ -237,13 +221,34 @@ class JsonPage:
 def list_page_json(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> JsonPage:
     """A page of conversations, newest lastMessageAt (else createdAt) first, encoded for the
     wire."""
-    keys = _page_keys(conn, who, q)
-    page = keys[: q.limit]
+    query = _page_keys_sql(conn, who, q)
+    if query is None:
+        return JsonPage(rows=JsonRows(json=b"[]", last=None), has_more=False)
+    keys_sql, params = query
+    # One statement: the keys' query runs as a co-routine and each of its rows is joined to its
+    # stored JSON as it comes (the LEFT JOIN keeps the keys the outer loop). Against the keys
+    # and then one IN (...) lookup of their JSON, mapped back to their order in Python, this
+    # saves a statement, the IN list's sorting and the mapping: 99 -> 64 us for the first page
+    # of 50 on the 10M-message store (by hand, minimum of 15 alternating rounds).
+    rows: list[tuple[int, int, bytes | None]] = (
+        _tuples(conn)
+        .execute(
+            f"SELECT k.sort_at, k.pk, {WIRE_JSON} FROM ({keys_sql}) k"
+            " LEFT JOIN conversation_wire w ON w.pk = k.pk",
+            params,
+        )
+        .fetchall()
+    )
+    # SQLite returns them in the keys' order (its plan for this shape); the order is the
+    # API's contract, so it does not rest on the plan. Already in order, this costs ~3 us.
+    rows.sort(reverse=True)
+    page = rows[: q.limit]
     return JsonPage(
         rows=JsonRows(
-            json=wire_array(conn, [pk for _, pk in page]), last=page[-1] if page else None
+            json=b"[" + b",".join([r[2] for r in page if r[2] is not None]) + b"]",
+            last=(page[-1][0], page[-1][1]) if page else None,
         ),
-        has_more=len(keys) > q.limit,
+        has_more=len(rows) > q.limit,
     )
 
 
