@@ -35,6 +35,8 @@ from quart_trio import QuartTrio
 from quart_trio.wrappers import TrioRequest
 from werkzeug.exceptions import BadHost, BadRequest, HTTPException
 from werkzeug.routing import MapAdapter, WebsocketMismatch
+from werkzeug.sansio.utils import get_content_length
+from werkzeug.utils import cached_property
 
 from inboxd import ids
 from inboxd.api.http import encoded_json, json_response, read_body
@@ -325,6 +327,20 @@ class InboxRequest(TrioRequest):
     # The status of the response decided before the rest of an unread body was waited for
     # (``finish_request``): the request is recorded with it should that wait be cancelled.
     decided_status: int | None = None
+
+    @cached_property
+    def content_length(self) -> int | None:
+        """werkzeug's, which Quart asks for as it makes every request: with neither header
+        (every GET) both of its case-blind lookups raise and catch a ``KeyError`` inside
+        werkzeug, about 5 us together (by hand); a scan of the ASGI scope's lower-case names
+        finds that in 0.4 us, and the answer is then None, as werkzeug's would be."""
+        for name, _ in self.scope["headers"]:
+            if name == b"content-length" or name == b"transfer-encoding":
+                return get_content_length(
+                    http_content_length=self.headers.get("Content-Length"),
+                    http_transfer_encoding=self.headers.get("Transfer-Encoding"),
+                )
+        return None
 
     @property
     def blueprints(self) -> list[str]:
