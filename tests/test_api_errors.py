@@ -920,3 +920,41 @@ async def test_a_websocket_refused_for_early_data_leaves_no_feed_client(
     )
     await trio.sleep(1.0)  # the client is gone
     assert all(not hub.clients for hub in hubs)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ([], None),
+        ([(b"content-length", b"12")], 12),
+        ([(b"content-length", b"0")], 0),
+        ([(b"content-length", b"twelve")], 0),
+        ([(b"content-length", b"7"), (b"content-length", b"9")], 7),
+        ([(b"transfer-encoding", b"chunked")], None),
+        ([(b"transfer-encoding", b"chunked"), (b"content-length", b"5")], None),
+        ([(b"content-length", b"5"), (b"transfer-encoding", b"gzip")], 5),
+        ([(b"x-content-length", b"5"), (b"accept", b"*/*")], None),
+    ],
+)
+def test_the_request_length_is_werkzeugs(
+    headers: list[tuple[bytes, bytes]], expected: int | None
+) -> None:
+    """InboxRequest tells that no Content-Length was sent without werkzeug's lookups; with one
+    or without, and whatever Transfer-Encoding says, it answers what Quart's own request
+    class answers."""
+    from quart_trio.wrappers import TrioRequest
+    from werkzeug.datastructures import Headers
+
+    from inboxd.api.app import InboxRequest
+
+    def length(cls: type[TrioRequest]) -> int | None:
+        scope: Any = {"type": "http", "headers": [(b"host", b"inboxd"), *headers]}
+        made = Headers()
+        for name, value in scope["headers"]:  # as Quart builds them from the scope
+            made.add(name.decode("latin1").title(), value.decode("latin1"))
+        request = cls(
+            "POST", "http", "/", b"", made, "", "1.1", scope, send_push_promise=lambda *a: None
+        )
+        return request.content_length
+
+    assert length(InboxRequest) == length(TrioRequest) == expected
