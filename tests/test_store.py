@@ -1068,6 +1068,35 @@ def test_a_batch_whose_rollback_fails_too_leaves_no_write_looking_committed() ->
     assert made.error is cause and isinstance(refused.error, ValueError)
 
 
+def test_the_storage_alarm_tells_apart_kinds_that_share_a_503_code(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-only store, an I/O error and files that cannot be opened all answer 503
+    storage_unavailable; within one minute each is still logged once, in its own words."""
+    caplog.set_level(logging.INFO, logger="inboxd.store")
+    now = [1000.0]
+    monkeypatch.setattr(db.time, "monotonic", lambda: now[0])
+
+    def error(code: int) -> sqlite3.OperationalError:
+        exc = sqlite3.OperationalError(f"code {code}")
+        exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+        return exc
+
+    alarm = db.StorageAlarm()
+    # SQLITE_IOERR_WRITE (an extended code: its low byte is SQLITE_IOERR)
+    for code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR_WRITE, sqlite3.SQLITE_CANTOPEN):
+        for _ in range(2):
+            failed = alarm.failed(error(code))
+            assert failed is not None and failed.code == "storage_unavailable"
+            now[0] += 1
+    said = [r.getMessage() for r in caplog.records if r.name == "inboxd.store"]
+    assert said == [
+        "writes fail: the store is read-only (its directory, file or filesystem)",
+        "writes fail: the store's disk failed to read or write",
+        "writes fail: the store's files cannot be opened",
+    ]
+
+
 def test_the_storage_alarm_ends_on_the_truth_whatever_the_order_within_a_minute(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

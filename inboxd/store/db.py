@@ -404,16 +404,30 @@ def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
 # whether the write can be said not to have been made (an I/O error under a COMMIT's fsync may
 # leave it in the WAL). Not SQLITE_LOCKED: without a shared cache it is a conflict within one
 # connection, a bug.
-SQLITE_IOERR: Final = 10
-SQLITE_FULL: Final = 13
 # With less than this free, an I/O error at opening is taken for the disk being full.
 DISK_NEARLY_FULL: Final = 1 << 20
 _STORAGE_FAILURES: Final = {
-    5: ("storage_busy", "another process holds the store's write lock (the CLI, a backup?)", True),
-    8: ("storage_unavailable", "the store is read-only (its directory, file or filesystem)", True),
-    SQLITE_IOERR: ("storage_unavailable", "the store's disk failed to read or write", False),
-    SQLITE_FULL: ("storage_full", "the disk that holds the store is full", True),
-    14: ("storage_unavailable", "the store's files cannot be opened", True),
+    sqlite3.SQLITE_BUSY: (
+        "storage_busy",
+        "another process holds the store's write lock (the CLI, a backup?)",
+        True,
+    ),
+    sqlite3.SQLITE_READONLY: (
+        "storage_unavailable",
+        "the store is read-only (its directory, file or filesystem)",
+        True,
+    ),
+    sqlite3.SQLITE_IOERR: (
+        "storage_unavailable",
+        "the store's disk failed to read or write",
+        False,
+    ),
+    sqlite3.SQLITE_FULL: ("storage_full", "the disk that holds the store is full", True),
+    sqlite3.SQLITE_CANTOPEN: (
+        "storage_unavailable",
+        "the store's files cannot be opened",
+        True,
+    ),
 }
 STORAGE_CODES: Final = sorted({name for name, _, _ in _STORAGE_FAILURES.values()})
 # Seconds, in the 503's Retry-After: as long as an Idempotency-Key's claim that its request
@@ -424,9 +438,10 @@ STORAGE_LOG_EVERY: Final = 60.0  # seconds: a line per kind at most this often, 
 
 class StorageAlarm:
     """Says in the log that the store's disk or files refuse its writes (or checkpoints): each
-    kind at most once a minute, with SQLite's own words, and that writes succeed again (at
-    most once a minute too, however often a nearly full disk takes one write and refuses the
-    next)."""
+    kind (SQLite's primary result code: a read-only store, an I/O error and files that cannot
+    be opened share one 503 code but are told apart here) at most once a minute, with
+    SQLite's own words, and that writes succeed again (at most once a minute too, however
+    often a nearly full disk takes one write and refuses the next)."""
 
     def __init__(self) -> None:
         self._said: dict[str, float] = {}
@@ -446,11 +461,12 @@ class StorageAlarm:
         code = getattr(error, "sqlite_errorcode", None)
         if not isinstance(error, sqlite3.Error) or not isinstance(code, int):
             return None
-        failure = _STORAGE_FAILURES.get(code & 0xFF)
+        primary = code & 0xFF
+        failure = _STORAGE_FAILURES.get(primary)
         if failure is None:
             return None
         name, what, not_made = failure
-        if self._due(f"{doing} {name}"):
+        if self._due(f"{doing} {primary}"):
             if doing == "writes":
                 self._failing = True  # the log's last word on writes: a success will answer it
             log.error(
@@ -642,7 +658,7 @@ def _open_failure(data_dir: Path, error: sqlite3.DatabaseError) -> str:
     code = getattr(error, "sqlite_errorcode", 0) & 0xFF
     if code in _STORAGE_FAILURES:
         why = _STORAGE_FAILURES[code][1]
-        if code == SQLITE_FULL or (code == SQLITE_IOERR and _nearly_full(data_dir)):
+        if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and _nearly_full(data_dir)):
             why = "the disk that holds it is full"
         return f"cannot open the store in {data_dir}: {why} (SQLite: {error})"
     return f"{db_path(data_dir)} is not a usable inboxd store: {error}"
