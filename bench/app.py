@@ -143,8 +143,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         timed["the first list page read at the store (list_page_json), alone"] = lambda: store.read(
             conversations.list_page_json, who, first_page
         )
-        keys = store.read_sync(conversations._page_keys, who, first_page)
-        page_pks = [pk for _, pk in keys[:50]]
+        keys_query = store.read_sync(conversations._page_keys_sql, who, first_page)
+        assert keys_query is not None
+        page_pks = [r[1] for r in store.read_sync(lambda c: c.execute(*keys_query).fetchall())[:50]]
         as_text = store.read_sync(_page_rows, page_pks, "json")
         beyond = "" if as_text.isascii() else ", text beyond ASCII"
         as_bytes = f"the first list page's rows read and encoded as bytes{beyond}, alone"

@@ -585,16 +585,14 @@ async def test_stored_conversation_json_follows_contact_assignee_and_channel(
                 for r in c.execute("SELECT pk FROM conversations WHERE id IN (?, ?)", (cid, other))
             ]
         )
-        stored = store.read_sync(
-            lambda c: [
-                json.loads(
-                    c.execute("SELECT json FROM conversation_wire WHERE pk = ?", (pk,)).fetchone()[
-                        0
-                    ]
-                )
-                for pk in pks
-            ]
+        found = dict(
+            store.read_sync(
+                lambda c: c.execute(
+                    "SELECT pk, json FROM conversation_wire WHERE pk IN (?, ?)", pks
+                ).fetchall()
+            )
         )
+        stored = [json.loads(found[pk]) for pk in pks]
         built = [
             wire.conversation(c, with_contact=True)
             for c in store.read_sync(conversations.load, pks)
