@@ -1025,29 +1025,34 @@ def test_a_data_directory_that_cannot_be_made_is_refused_saying_why(tmp_path: Pa
     )
 
 
+def sqlite_error(code: int, text: str = "") -> sqlite3.OperationalError:
+    """An error as SQLite raises it, with its (extended) result code."""
+    exc = sqlite3.OperationalError(text or f"code {code}")
+    exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+    return exc
+
+
 def test_a_store_that_cannot_be_opened_for_its_disk_does_not_read_as_a_broken_store(
     tmp_path: Path,
 ) -> None:
     """SQLite's error at opening a store on a full disk (FULL, or "disk I/O error" for the
     -shm file it cannot grow) names the disk; other errors keep "not a usable inboxd store"."""
-
-    def error(code: int, text: str) -> sqlite3.OperationalError:
-        exc = sqlite3.OperationalError(text)
-        exc.sqlite_errorcode = code  # type: ignore[attr-defined]
-        return exc
-
-    assert db._open_failure(tmp_path, error(13, "database or disk is full")) == (
+    assert db._open_failure(
+        tmp_path, sqlite_error(sqlite3.SQLITE_FULL, "database or disk is full")
+    ) == (
         f"cannot open the store in {tmp_path}: the disk that holds it is full"
         " (SQLite: database or disk is full)"
     )
     # tmp_path's disk has room: an I/O error there is said as such.
-    assert db._open_failure(tmp_path, error(10 | 19 << 8, "disk I/O error")) == (
+    assert db._open_failure(
+        tmp_path, sqlite_error(sqlite3.SQLITE_IOERR_SHMSIZE, "disk I/O error")
+    ) == (
         f"cannot open the store in {tmp_path}: the store's disk failed to read or write"
         " (SQLite: disk I/O error)"
     )
-    assert db._open_failure(tmp_path, error(26, "file is not a database")) == (
-        f"{tmp_path / 'inboxd.db'} is not a usable inboxd store: file is not a database"
-    )
+    assert db._open_failure(
+        tmp_path, sqlite_error(sqlite3.SQLITE_NOTADB, "file is not a database")
+    ) == (f"{tmp_path / 'inboxd.db'} is not a usable inboxd store: file is not a database")
 
 
 def test_a_batch_whose_rollback_fails_too_leaves_no_write_looking_committed() -> None:
@@ -1077,16 +1082,11 @@ def test_the_storage_alarm_tells_apart_kinds_that_share_a_503_code(
     now = [1000.0]
     monkeypatch.setattr(db.time, "monotonic", lambda: now[0])
 
-    def error(code: int) -> sqlite3.OperationalError:
-        exc = sqlite3.OperationalError(f"code {code}")
-        exc.sqlite_errorcode = code  # type: ignore[attr-defined]
-        return exc
-
     alarm = db.StorageAlarm()
     # SQLITE_IOERR_WRITE (an extended code: its low byte is SQLITE_IOERR)
     for code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR_WRITE, sqlite3.SQLITE_CANTOPEN):
         for _ in range(2):
-            failed = alarm.failed(error(code))
+            failed = alarm.failed(sqlite_error(code))
             assert failed is not None and failed.code == "storage_unavailable"
             now[0] += 1
     said = [r.getMessage() for r in caplog.records if r.name == "inboxd.store"]
@@ -1107,17 +1107,12 @@ def test_the_storage_alarm_ends_on_the_truth_whatever_the_order_within_a_minute(
     now = [1000.0]
     monkeypatch.setattr(db.time, "monotonic", lambda: now[0])
 
-    def error(code: int) -> sqlite3.OperationalError:
-        exc = sqlite3.OperationalError(f"code {code}")
-        exc.sqlite_errorcode = code  # type: ignore[attr-defined]
-        return exc
-
     alarm = db.StorageAlarm()
-    full = alarm.failed(error(13))
+    full = alarm.failed(sqlite_error(sqlite3.SQLITE_FULL))
     assert full is not None and full.code == "storage_full"
     alarm.succeeded()
     now[0] += 1
-    busy = alarm.failed(error(5))
+    busy = alarm.failed(sqlite_error(sqlite3.SQLITE_BUSY))
     assert busy is not None and busy.code == "storage_busy"
     alarm.succeeded()  # within the minute: not said yet
     alarm.succeeded()

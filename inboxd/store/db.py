@@ -404,8 +404,6 @@ def _mark_applied(conn: sqlite3.Connection, mark: tuple[int, str]) -> None:
 # whether the write can be said not to have been made (an I/O error under a COMMIT's fsync may
 # leave it in the WAL). Not SQLITE_LOCKED: without a shared cache it is a conflict within one
 # connection, a bug.
-# With less than this free, an I/O error at opening is taken for the disk being full.
-DISK_NEARLY_FULL: Final = 1 << 20
 _STORAGE_FAILURES: Final = {
     sqlite3.SQLITE_BUSY: (
         "storage_busy",
@@ -430,6 +428,8 @@ _STORAGE_FAILURES: Final = {
     ),
 }
 STORAGE_CODES: Final = sorted({name for name, _, _ in _STORAGE_FAILURES.values()})
+# With less than this free, an I/O error at opening is taken for the disk being full.
+DISK_NEARLY_FULL: Final = 1 << 20
 # Seconds, in the 503's Retry-After: as long as an Idempotency-Key's claim that its request
 # could not release (the store refused that too) takes to free itself (idempotency.claim).
 STORAGE_RETRY_AFTER: Final = 60
