@@ -937,7 +937,7 @@ async def test_a_websocket_refused_for_early_data_leaves_no_feed_client(
     ],
 )
 def test_the_request_length_is_werkzeugs(
-    headers: list[tuple[bytes, bytes]], expected: int | None
+    headers: list[tuple[bytes, bytes]], expected: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """InboxRequest tells that no Content-Length was sent without werkzeug's lookups; with one
     or without, and whatever Transfer-Encoding says, it answers what Quart's own request
@@ -947,7 +947,17 @@ def test_the_request_length_is_werkzeugs(
 
     from inboxd.api.app import InboxRequest
 
-    def length(cls: type[TrioRequest]) -> int | None:
+    asked: list[str] = []
+    werkzeugs_get = Headers.get
+
+    def counted_get(self: Headers, key: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(key.lower())
+        return werkzeugs_get(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(Headers, "get", counted_get)
+
+    def length(cls: type[TrioRequest]) -> tuple[int | None, list[str]]:
+        asked.clear()
         scope: Any = {"type": "http", "headers": [(b"host", b"inboxd"), *headers]}
         made = Headers()
         for name, value in scope["headers"]:  # as Quart builds them from the scope
@@ -955,6 +965,11 @@ def test_the_request_length_is_werkzeugs(
         request = cls(
             "POST", "http", "/", b"", made, "", "1.1", scope, send_push_promise=lambda *a: None
         )
-        return request.content_length
+        return request.content_length, [k for k in asked if k.endswith("-length")]
 
-    assert length(InboxRequest) == length(TrioRequest) == expected
+    ours, ours_asked = length(InboxRequest)
+    theirs, theirs_asked = length(TrioRequest)
+    assert ours == theirs == expected
+    assert theirs_asked == ["content-length"]
+    sent = any(name == b"content-length" for name, _ in headers)
+    assert ours_asked == (["content-length"] if sent else [])

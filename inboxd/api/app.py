@@ -317,7 +317,8 @@ class NoSessions(SessionInterface):
 
 
 class InboxRequest(TrioRequest):
-    """quart-trio's request, with its chain of blueprint names kept per route.
+    """quart-trio's request, with its chain of blueprint names kept per route, and its
+    Content-Length found without werkzeug's lookups when there is none (``content_length``).
 
     Quart asks for ``blueprints`` two or three times in every request (for the
     ``before_request`` and ``after_request`` hooks, and for error handlers), each time through
