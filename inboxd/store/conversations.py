@@ -222,8 +222,8 @@ def list_page_json(conn: sqlite3.Connection, who: Principal, q: ListQuery) -> Js
     # One statement: the keys' query runs as a co-routine and each of its rows is joined to its
     # stored JSON as it comes (the LEFT JOIN keeps the keys the outer loop). Against the keys
     # and then one IN (...) lookup of their JSON, mapped back to their order in Python, this
-    # saves a statement, the IN list's sorting and the mapping: 160.6 -> 113.5 us for the first
-    # page of 50 on the 10M-message store (by hand, medians of 15 alternating rounds).
+    # saves a statement, the IN list's sorting and the mapping: 100.3 -> 70.4 us for the first
+    # page of 50 on the 10M-message store (`bench app` prints both).
     rows: list[tuple[int, int, bytes | None]] = (
         _tuples(conn)
         .execute(
