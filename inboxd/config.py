@@ -119,6 +119,9 @@ class ServerConfig:
     # At start, have the OS read the store into its page cache in the background when it takes
     # at most half of the memory available (store/warm.py); false: leave the cache alone.
     warm_cache: bool = attrs.field(default=True, metadata=_kind("bool"))
+    # And lock it there (mlock), as far as RLIMIT_MEMLOCK (or CAP_IPC_LOCK) allows, so that the
+    # kernel cannot page it out; false: keep it mapped only, and check every second that it is.
+    lock_cache: bool = attrs.field(default=True, metadata=_kind("bool"))
 
 
 @attrs.frozen

@@ -157,11 +157,20 @@ async def run(
 
             nursery.start_soon(close_feed_on_shutdown)
             nursery.start_soon(feed_hub.sweep_revoked)
+            if warming := config.server.warm_cache and store.offload:  # (not on MockClock tests)
+                store.set_in_memory(False)  # reads leave the loop until the warm-up has looked
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
             nursery.start_soon(store.checkpoint_forever)
-            if config.server.warm_cache and store.offload:  # (not on MockClock tests)
-                nursery.start_soon(warm.warm, store.path)
+            if warming:
+                nursery.start_soon(
+                    partial(
+                        warm.warm,
+                        store.path,
+                        lock=config.server.lock_cache,
+                        in_memory=store.set_in_memory,
+                    )
+                )
             await nursery.start(Mailer(store, config.mail, data_dir, clock).run)
             hub = ChannelWebhookHub(
                 store,

@@ -3,7 +3,8 @@
 Counted as things happen: HTTP requests by route, method and status with a latency histogram per
 route, inbox webhook attempts by outcome, channel webhook attempts by outcome. Read when scraped:
 channel webhook URLs by state (from the store), open feed clients, webhook supervisors, waits
-for the disk on the trio thread, and the process's memory, CPU and garbage collector.
+for the disk on the trio thread, whether the store is held in memory, and the process's memory,
+CPU and garbage collector.
 
 Routes are labelled by their rule (``/api/v1/inbox/conversations/<conversation_id>``), never by
 the path a client sent, so the number of series stays fixed; a path no rule matches is
@@ -25,7 +26,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inboxd.webhooks.policy import URL_STATES
@@ -41,6 +42,7 @@ class _StoreCounters(Collector):
     def __init__(self) -> None:
         self.loop_disk_waits = 0
         self.writer_starts = 0
+        self.in_memory = False
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -48,6 +50,13 @@ class _StoreCounters(Collector):
             "Reads and writes on the trio thread that had to read from the disk; each sends its"
             " kind of read or write to worker threads for a second (inboxd/store/db.py).",
             value=self.loop_disk_waits,
+        )
+        yield GaugeMetricFamily(
+            "inboxd_store_in_memory",
+            "1 while the warm-up child holds the whole database file in memory (reads run on the"
+            " trio thread); 0 while it reads it in or reads part back, or when it does not keep"
+            " the store (inboxd/store/warm.py).",
+            value=int(self.in_memory),
         )
         yield CounterMetricFamily(
             "inboxd_store_writer_starts",
@@ -132,8 +141,10 @@ class Metrics:
         supervisors: int,
         loop_disk_waits: int,
         writer_starts: int = 0,
+        in_memory: bool = False,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
+        self._store.in_memory = in_memory
         self._store.writer_starts = writer_starts
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import attrs
 import pytest
 
 from inboxd.config import Config, ConfigError, parse_duration
@@ -41,6 +42,13 @@ def test_documented_example_has_every_key_with_the_defaults() -> None:
         "limits",
     ):
         assert section in data
+    # Every key is there, each with its comment (and README's table lists them all).
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for section in attrs.fields(Config):
+        for field in attrs.fields(type(getattr(Config(), section.name))):
+            key = field.metadata.get("key", field.name)
+            assert key in data[section.name], f"{section.name}.{key} is not in the example"
+            assert f"`{section.name}.{key}`" in readme, f"{section.name}.{key} is not in README"
 
 
 def test_toml_then_environment(tmp_path: Path) -> None:

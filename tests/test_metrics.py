@@ -172,5 +172,10 @@ async def test_the_process_and_its_garbage_collector_are_exported(anon: httpx.As
         while value(after, "inboxd_store_writer_starts_total") != 1:
             await trio.sleep(0.05)
             after = await scrape(anon)
+    # The warm-up child holds the (small) store in memory.
+    with trio.fail_after(10):
+        while value(after, "inboxd_store_in_memory") != 1:
+            await trio.sleep(0.05)
+            after = await scrape(anon)
     # An in-process daemon (tests) never freezes the heap: only `inboxd serve` does (test_cli).
     assert value(after, "inboxd_gc_frozen_objects") == gc.get_freeze_count()

@@ -523,6 +523,39 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
     assert (store.inline_reads, store.offloaded_reads, store.loop_disk_waits) == (2, 1, 1)
 
 
+async def test_while_the_store_is_being_read_in_no_read_or_write_runs_on_the_loop(
+    patient_store: Store, device: Device
+) -> None:
+    """The warm-up child says where the store is (store/warm.py): while it reads it in, or
+    finds part of it out of memory, reads and writes go to worker threads without trying the
+    loop first; once all of it is in, on the loop; with no child (None), on the loop until one
+    reads from the disk."""
+    store = patient_store
+    loop_thread = threading.get_ident()
+    ran_on: list[int] = []
+
+    def where(conn: sqlite3.Connection, n: int) -> int:
+        ran_on.append(threading.get_ident())
+        return count_to(conn, n)
+
+    def write_where(conn: sqlite3.Connection, n: int) -> int:
+        ran_on.append(threading.get_ident())
+        return append_event(conn, n, False)
+
+    assert store.in_memory is None  # no warm-up child (the daemon's sets it)
+    assert await store.read(where, 3) == 3
+    store.set_in_memory(False)
+    assert await store.read(where, 4) == 4
+    await store.write(write_where, 1)
+    assert (store.inline_reads, store.offloaded_reads, store.offloaded_batches) == (1, 1, 1)
+    store.set_in_memory(True)
+    assert await store.read(where, 5) == 5
+    await store.write(write_where, 2)
+    assert (store.inline_reads, store.offloaded_reads, store.offloaded_batches) == (2, 1, 1)
+    assert [t == loop_thread for t in ran_on] == [True, False, False, True, True]
+    assert store.loop_disk_waits == 0 and device.read() == 0
+
+
 async def test_inline_reads_take_one_disk_reading_each(
     patient_store: Store, device: Device
 ) -> None:

@@ -4,11 +4,15 @@ keeping it there (a child holds it mapped)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
+import resource
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -134,9 +138,11 @@ async def test_warming_brings_a_cold_store_into_the_page_cache_and_keeps_it_mapp
     assert _disk_reads_reading(control) > 0
     db = tmp_path / "inboxd.db"
     cold_store(db)
+    said: list[bool | None] = []  # where the store is, as the daemon's reads hear it
     async with trio.open_nursery() as nursery:
-        keeper = await nursery.start(warm.warm, db)
+        keeper = await nursery.start(partial(warm.warm, db, in_memory=said.append))
         assert keeper is not None
+        assert said == [False, True]  # reads left the loop until it was all in
         assert _disk_reads_reading(db) == 0  # all from memory
         # The keeper holds the whole database file mapped while the daemon runs.
         assert mapped_ranges(keeper, db) == [(0, 24 << 20)]
@@ -145,19 +151,22 @@ async def test_warming_brings_a_cold_store_into_the_page_cache_and_keeps_it_mapp
     # The keeper let go when its stdin closed, well before the 5 s after which it is killed.
     assert time.monotonic() - stopping < 2
     assert not await trio.Path(f"/proc/{keeper}").exists()  # gone (and reaped) once it has stopped
+    assert said == [False, True, None]  # nothing keeps the store now
 
 
 @contextlib.contextmanager
-def running_keeper(db: Path, max_maps: int) -> Iterator[subprocess.Popen[bytes]]:
-    """A keeper of ``db`` looking every 0.05 s, once it has said it is warm; on the way out,
-    its stdin is closed (as when the daemon goes) and it must exit by itself."""
+def running_keeper(
+    db: Path, max_maps: int, lock_budget: int = 0, says: bytes = b"in unlocked off\n"
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A keeper of ``db`` looking every 0.05 s, once it has said ``says`` (its first state);
+    on the way out, its stdin is closed (as when the daemon goes) and it must exit by itself."""
     keeper = subprocess.Popen(
-        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", str(max_maps)],
+        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", str(max_maps), str(lock_budget)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
     try:
-        assert keeper.stdout is not None and keeper.stdout.readline() == b"warm\n"
+        assert keeper.stdout is not None and keeper.stdout.readline() == says
         yield keeper
         assert keeper.stdin is not None
         keeper.stdin.close()
@@ -228,3 +237,97 @@ def test_a_keeper_survives_its_file_shrinking_and_going(tmp_path: Path) -> None:
         assert keeper.poll() is None
         db.write_bytes(os.urandom(2 << 20))  # a new file at the same path
         wait_until_mapped(keeper, db, [(0, 2 << 20)])
+
+
+def may_lock(nbytes: int) -> bool:
+    """Whether this process may lock ``nbytes`` in memory: CAP_IPC_LOCK (bit 14 of the
+    effective capabilities), or a memory-lock limit that large."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:") and int(line.split()[1], 16) & (1 << 14):
+            return True
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return soft == resource.RLIM_INFINITY or soft >= nbytes
+
+
+def locked_bytes(pid: int) -> int:
+    """What process ``pid`` holds locked in memory (VmLck in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmLck:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmLck")
+
+
+def test_the_keeper_locks_the_store_in_memory_within_its_budget_when_it_may(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "inboxd.db"
+    cold_store(db)  # 24 MB, on the disk only
+    size = 24 << 20
+    # Locking off, or a budget too small for the file: mapped (so read in) but not locked.
+    with running_keeper(db, max_maps=32, lock_budget=0, says=b"in unlocked off\n") as keeper:
+        assert locked_bytes(keeper.pid) == 0
+    with running_keeper(db, 32, lock_budget=size - 1, says=b"in unlocked budget\n") as keeper:
+        assert locked_bytes(keeper.pid) == 0
+    if may_lock(size + (1 << 20)):
+        with running_keeper(db, 32, lock_budget=size, says=b"in locked\n") as keeper:
+            assert locked_bytes(keeper.pid) >= size
+            # What the file grows by is locked too, while the budget lasts...
+            with db.open("ab") as fh:
+                fh.write(os.urandom(1 << 20))
+            deadline = time.monotonic() + 10
+            while mapped_ranges(keeper.pid, db)[-1][1] < size + (1 << 20):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            # (the new part, past the budget, is not: it says so)
+            assert keeper.stdout is not None
+            assert keeper.stdout.readline() == b"in unlocked budget\n"
+            assert size <= locked_bytes(keeper.pid) < size + (1 << 20)
+    else:  # the system refuses: the keeper says why, and keeps it mapped only
+        said = subprocess.run(
+            [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", "32", str(size)],
+            input=b"",  # (its stdin closed: it stops after its first look)
+            capture_output=True,
+            check=True,
+        ).stdout
+        assert said in (b"in unlocked ENOMEM\n", b"in unlocked EPERM\n", b"in unlocked EAGAIN\n")
+
+
+def _evict(keeper: warm.Keeper, db: Path) -> None:
+    """Take the file's pages out of memory under the keeper's feet: unmap them from its
+    mappings (they stay mapped, the pages are just dropped from them) and drop the clean pages
+    no process maps, as the kernel's reclaim would."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for m in keeper.maps:
+        assert libc.madvise(m.address, m.length, mmap.MADV_DONTNEED) == 0
+    fd = os.open(db, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_keeper_that_may_not_lock_finds_pages_gone_and_reads_them_back(tmp_path: Path) -> None:
+    """Without the lock, the kernel may reclaim the store's pages; each look checks with
+    mincore, says ``out`` (the daemon's reads leave the loop) and reads them back in."""
+    db = tmp_path / "inboxd.db"
+    cold_store(db)
+    said: list[str] = []
+    keeper = warm.Keeper(db, lock_budget=0)
+    try:
+        before = thread_disk_reads()
+        keeper.look(said.append)
+        assert thread_disk_reads() > before  # it read the store in from the disk
+        assert said == ["in unlocked off"]
+        keeper.look(said.append)
+        assert said == ["in unlocked off"]  # nothing changed: nothing said
+        _evict(keeper, db)
+        assert _disk_reads_reading(db) > 0  # gone from memory (this read brought some back)
+        _evict(keeper, db)
+        before = thread_disk_reads()
+        keeper.look(said.append)
+        assert said == ["in unlocked off", "out", "in unlocked off"]
+        assert thread_disk_reads() > before  # read back in
+        assert _disk_reads_reading(db) == 0
+    finally:
+        keeper.close()

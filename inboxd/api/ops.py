@@ -48,6 +48,7 @@ async def metrics() -> Response:
         supervisors=0 if st.channel_hub is None else st.channel_hub.supervisors,
         loop_disk_waits=st.store.loop_disk_waits,
         writer_starts=0 if st.store.writer_process is None else st.store.writer_process.started,
+        in_memory=st.store.in_memory is True,
     )
     return Response(body, content_type=CONTENT_TYPE)
 

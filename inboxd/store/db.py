@@ -715,6 +715,11 @@ class Store:
         inline.check_every(FINE_STEPS)
         self._inline = inline
         self._inline_backoff: dict[Callable[..., Any], float] = {}
+        # Where the database file is, as the warm-up child (store/warm.py) last said: True, all
+        # in memory (reads run on the trio thread); False, being read in or partly out (reads
+        # go to worker threads); None, no child keeps it (reads run on the trio thread until
+        # one reads from the disk, INLINE_BACKOFF_SECONDS above).
+        self.in_memory: bool | None = None
         self.inline_reads = 0  # reads served on the trio thread
         self.offloaded_reads = 0  # reads that went to a worker thread
         # Inline reads and writes that read from the device (the loop waited for the disk).
@@ -949,7 +954,7 @@ class Store:
                         pass  # the writer process ran it
                     elif not self._offload:
                         self._run_batch(batch)
-                    elif (done := self._run_batch_inline(batch)) is None:
+                    elif self.in_memory is False or (done := self._run_batch_inline(batch)) is None:
                         self.offloaded_batches += 1
                         await trio.to_thread.run_sync(self._run_batch, batch)
                     else:
@@ -1076,14 +1081,17 @@ class Store:
             conn.lift_deadline()
         return done
 
+    def set_in_memory(self, state: bool | None) -> None:
+        """Where the database file is (``in_memory``), as the warm-up child says."""
+        self.in_memory = state
+
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` in one snapshot: on the trio thread within the inline budget,
         else on a reader in a worker thread (see the module's docstring)."""
         if not self._offload:  # MockClock tests: everything on the trio thread
             reader = self._readers[0]  # waits out a busy store, like the threads' readers
             return self._read_on(reader, fn, args, READ_DEADLINE_SECONDS, True)
-        now = time.monotonic()
-        if self._inline_backoff.get(fn, 0.0) <= now:
+        if self.in_memory is not False and self._inline_backoff.get(fn, 0.0) <= time.monotonic():
             blocks = self._blocks_before()
             try:
                 result = self._read_on(

@@ -35,6 +35,8 @@ below the cgroup's limits (and its parents'): v2 ``memory.high``/``memory.max`` 
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import mmap
 import os
@@ -42,19 +44,16 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
+import attrs
 import trio
 
 log = logging.getLogger("inboxd.store")
 
 MAX_SHARE_OF_AVAILABLE: Final = 0.5
-# How often the keeper maps what the database file has grown by since; past this many mappings
-# it maps the whole file again in one (a process may hold only so many, vm.max_map_count).
-REMAP_SECONDS: Final = 60.0
-MAX_MAPS: Final = 32
 
 
 def read_through(paths: Iterable[str | Path]) -> None:
@@ -79,72 +78,198 @@ def read_through(paths: Iterable[str | Path]) -> None:
         os.close(null)
 
 
-def keep(
-    db: Path, wal: Path | None = None, every: float = REMAP_SECONDS, max_maps: int = MAX_MAPS
-) -> None:
-    """The keeper child's work: read the WAL through, map the database file read-only (which
-    reads it in), say ``warm`` on stdout, then hold the mappings until stdin closes (the daemon
-    stopped, or died), mapping what the file grew by every ``every`` seconds (past ``max_maps``
-    mappings, the whole file again in one). It opens and closes the files: never call it in the
-    daemon's own process (see above)."""
-    if wal is not None:
-        read_through([wal])
-    maps: list[mmap.mmap] = []
-    mapped = 0
-    mapped_file = (0, 0)  # (st_dev, st_ino) of the file the mappings are of
+# How often the keeper looks at the file (grown, shrunk, replaced?) and at whether what it could
+# not lock is all still in memory; past this many mappings it maps the whole file again in one
+# (a process may hold only so many, vm.max_map_count).
+CHECK_SECONDS: Final = 1.0
+MAX_MAPS: Final = 256
 
-    def map_to_end() -> None:
-        """Map what is not mapped yet; on any failure (the file gone, or shrunk between two
-        looks), leave things as they are and try again next time."""
-        nonlocal mapped, mapped_file
+_MAP_FAILED: Final = ctypes.c_void_p(-1).value
+# mincore(2) answers a byte per page, of which only the lowest bit says "in memory".
+_LOW_BIT: Final = bytes(b & 1 for b in range(256))
+
+
+class _Libc:
+    """The C library's mmap, munmap, mlock and mincore: Python's mmap module has no mlock nor
+    mincore, and gives no address of a read-only mapping to pass to them."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.mmap = getattr(libc, "mmap64", libc.mmap)  # a 64-bit offset on 32-bit systems too
+        self.mmap.restype = ctypes.c_void_p
+        self.mmap.argtypes = [
+            *(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int),
+            ctypes.c_int64,
+        ]
+        self.munmap, self.mlock, self.mincore = libc.munmap, libc.mlock, libc.mincore
+        for fn in (self.munmap, self.mlock):
+            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+        self.mincore.restype = ctypes.c_int
+        self.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def _os_error() -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, os.strerror(code))
+
+
+@attrs.define
+class _Mapping:
+    address: int
+    length: int
+    locked: bool = False
+
+
+class Keeper:
+    """What the keeper child does, one look at a time (``keep`` runs it; tests drive it).
+
+    It maps the database file read-only with ``MAP_POPULATE`` (mapping it is what reads it in)
+    and locks the mapping in memory (``mlock``) while the locked bytes stay within
+    ``lock_budget`` and the process may (``RLIMIT_MEMLOCK``, or ``CAP_IPC_LOCK``). Locked pages
+    cannot leave memory; of what it could not lock, each look checks with ``mincore`` that all
+    of it is still in, and maps it all again when not (which reads it back in).
+
+    It says its state in lines (``say``), each time it changes: ``in locked`` (all of the file
+    in memory, locked there), ``in unlocked REASON`` (all of it in, not all locked: ``off``, a
+    ``budget`` too small, or the errno mlock gave), ``in unverified`` (mapped, but mincore is
+    refused here, so whether it stayed in cannot be told) or ``out`` (part of it is not in
+    memory, and being read back in)."""
+
+    def __init__(self, db: Path, lock_budget: int, max_maps: int = MAX_MAPS) -> None:
+        self.db = db
+        self.lock_budget = lock_budget
+        self.max_maps = max_maps
+        self._libc = _Libc()
+        self.maps: list[_Mapping] = []
+        self.mapped = 0  # the file's size as last mapped
+        self._file = (0, 0)  # (st_dev, st_ino) of the file the mappings are of
+        self.not_locked = ""  # why the last mapping was not locked ("" when it was)
+        self.unverified = False  # mincore refused: whether unlocked pages stayed in is unknown
+        self.said = ""
+
+    def look(self, say: Callable[[str], None]) -> None:
+        """Map what the file changed by; if part of it is out of memory, say so before mapping
+        it all again (seconds, for a large store read from the disk), then say it is in."""
+        self._map_to_end()
+        if not self._all_in():
+            self._say(say, "out")
+            self._map_to_end(whole=True)
+        if self._all_in():
+            if all(m.locked for m in self.maps):
+                self._say(say, "in locked")
+            else:
+                self._say(
+                    say, "in unverified" if self.unverified else f"in unlocked {self.not_locked}"
+                )
+
+    def close(self) -> None:
+        for m in self.maps:
+            self._libc.munmap(m.address, m.length)
+        self.maps.clear()
+
+    def _say(self, say: Callable[[str], None], line: str) -> None:
+        if line != self.said:
+            say(line)
+            self.said = line
+
+    def _all_in(self) -> bool:
+        return all(m.locked or self._resident(m) for m in self.maps)
+
+    def _resident(self, m: _Mapping) -> bool:
+        if self.unverified:
+            return True
+        pages = -(-m.length // mmap.PAGESIZE)
+        vector = ctypes.create_string_buffer(pages)
+        if self._libc.mincore(m.address, m.length, vector) != 0:
+            self.unverified = True  # refused (a seccomp filter, say): assume, as before
+            return True
+        return b"\0" not in vector.raw.translate(_LOW_BIT)
+
+    def _map_to_end(self, whole: bool = False) -> None:
+        """Map what is not mapped yet (with ``whole``, all of it again); on any failure (the
+        file gone, say), leave things as they are and try again at the next look."""
         try:
-            fd = os.open(db, os.O_RDONLY)
+            fd = os.open(self.db, os.O_RDONLY)
         except OSError:
             return
         try:
             st = os.fstat(fd)
             size, file = st.st_size, (st.st_dev, st.st_ino)
-            if size == mapped and file == mapped_file:
+            if not whole and size == self.mapped and file == self._file:
                 return
             # Grown: map the new part. Shrunk (a VACUUM), another file at the path (a restore),
             # or too many mappings: the whole file, before letting the old mappings go.
-            whole = size < mapped or file != mapped_file or len(maps) >= max_maps
-            start = 0 if whole else mapped - mapped % mmap.ALLOCATIONGRANULARITY
-            new = mmap.mmap(
-                fd,
-                size - start,
-                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                prot=mmap.PROT_READ,
-                offset=start,
-            )
-        except (OSError, ValueError):  # ValueError: it shrank since fstat
+            whole = whole or size < self.mapped or file != self._file
+            whole = whole or len(self.maps) >= self.max_maps
+            start = 0 if whole else self.mapped - self.mapped % mmap.ALLOCATIONGRANULARITY
+            new = self._map(fd, start, size - start) if size > start else None
+        except OSError:
             return
         finally:
             os.close(fd)
         if whole:
-            for m in maps:
-                m.close()
-            maps.clear()
-        maps.append(new)
-        mapped, mapped_file = size, file
+            self.close()
+        if new is not None:
+            self._lock(new)
+            self.maps.append(new)
+        self.mapped, self._file = size, file
 
-    # If memory runs out, the kernel reclaims these clean pages first; should it still have to
-    # kill a process, let it be this one rather than the daemon (inboxd.service has
-    # OOMPolicy=continue, so that does not stop the service).
+    def _map(self, fd: int, offset: int, length: int) -> _Mapping:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        address = self._libc.mmap(None, length, mmap.PROT_READ, flags, fd, offset)
+        if address is None or address == _MAP_FAILED:
+            raise _os_error()
+        return _Mapping(address, length)
+
+    def _lock(self, m: _Mapping) -> None:
+        """Lock it when the budget (and the system) allows; after the old mappings are gone,
+        so that they do not count against either."""
+        locked = sum(other.length for other in self.maps if other.locked)
+        if self.lock_budget <= 0:
+            self.not_locked = "off"
+        elif locked + m.length > self.lock_budget:
+            self.not_locked = "budget"
+        elif self._libc.mlock(m.address, m.length) != 0:
+            self.not_locked = errno.errorcode.get(ctypes.get_errno(), "error")
+        else:
+            m.locked, self.not_locked = True, ""
+
+
+def keep(
+    db: Path,
+    wal: Path | None = None,
+    every: float = CHECK_SECONDS,
+    max_maps: int = MAX_MAPS,
+    lock_budget: int = 0,
+) -> None:
+    """The keeper child's work: read the WAL through, map (and lock) the database file, say
+    its state on stdout (``Keeper``), then look again every ``every`` seconds until stdin
+    closes (the daemon stopped, or died). It opens and closes the files: never call it in the
+    daemon's own process (see above)."""
+    if wal is not None:
+        read_through([wal])
+    # If memory runs out, the kernel reclaims the clean pages it could not lock first; should
+    # it still have to kill a process, let it be this one rather than the daemon (its locked
+    # pages go with it; inboxd.service has OOMPolicy=continue, so that does not stop the
+    # service).
     try:
         with open("/proc/self/oom_score_adj", "w") as fh:
             fh.write("1000")
     except OSError:
         pass
-    map_to_end()
-    sys.stdout.write("warm\n")
-    sys.stdout.flush()
+    keeper = Keeper(db, lock_budget, max_maps)
+
+    def say(line: str) -> None:
+        sys.stdout.write(f"{line}\n")
+        sys.stdout.flush()
+
+    keeper.look(say)
     stdin = sys.stdin.fileno()
     while True:
         readable, _, _ = select.select([stdin], [], [], every)
         if readable and not os.read(stdin, 4096):
             return  # the daemon closed its end (or died)
-        map_to_end()
+        keeper.look(say)
 
 
 # The child's program. Not niced: inboxd.service filters out setpriority (@resources), and with
@@ -152,7 +277,7 @@ def keep(
 _KEEPER: Final = (
     "import sys; from pathlib import Path; from inboxd.store.warm import keep;"
     " keep(Path(sys.argv[1]), Path(sys.argv[2]) if sys.argv[2] else None, float(sys.argv[3]),"
-    " int(sys.argv[4]))"
+    " int(sys.argv[4]), int(sys.argv[5]))"
 )
 
 
@@ -267,12 +392,61 @@ def worth_warming(size: int, available: int | None) -> bool:
     return available is not None and size <= available * MAX_SHARE_OF_AVAILABLE
 
 
+class _Lines:
+    """The lines a child writes to a trio stream, one at a time."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = b""
+
+    async def next(self) -> str | None:
+        """The next line without its newline; None once the stream has ended."""
+        while b"\n" not in self._buffer:
+            if not (chunk := await self._stream.receive_some()):
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+
+def _is_in(state: str) -> bool | None:
+    """A keeper's state line: True for all in memory, False for not; None for no such line."""
+    word = state.split(" ", 1)[0]
+    return True if word == "in" else False if word == "out" else None
+
+
+# The most often a keeper's "part of the store is out of memory" is logged, and its "back in".
+LOG_EVERY_SECONDS: Final = 60.0
+
+
 async def warm(
-    db: Path, *, task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED
+    db: Path,
+    *,
+    lock: bool = True,
+    in_memory: Callable[[bool | None], None] = lambda _: None,
+    task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Have the store's files read into the page cache and kept there, if they fit (see
-    above): started once they are in (with the keeper's pid; None when it is not kept), then
-    holds them until cancelled (the daemon stopping), when the keeper is stopped."""
+    """Have the store's files read into the page cache and kept there (locked in memory with
+    ``lock``, as far as the system allows), if they fit (see above): started once they are in
+    (with the keeper's pid; None when it is not kept), then holds them until cancelled (the
+    daemon stopping), when the keeper is stopped.
+
+    ``in_memory`` hears where the store is, for the daemon's reads (Store.in_memory): False
+    while the keeper reads it in or finds part of it out of memory, True while all of it is in,
+    and None once there is no keeper (the store is not kept: too large, or the keeper failed
+    or stopped)."""
+    try:
+        await _warm(db, lock, in_memory, task_status)
+    finally:
+        in_memory(None)
+
+
+async def _warm(
+    db: Path,
+    lock: bool,
+    in_memory: Callable[[bool | None], None],
+    task_status: trio.TaskStatus[int | None],
+) -> None:
     try:
         files = files_of(db)
         size = sum(p.stat().st_size for p in files)
@@ -291,13 +465,16 @@ async def warm(
         )
         task_status.started(None)
         return
+    assert available is not None  # (worth_warming)
+    lock_budget = int(available * MAX_SHARE_OF_AVAILABLE) if lock else 0
     wal = Path(f"{db}-wal")
     started = time.monotonic()
     try:
         keeper = await trio.lowlevel.open_process(
             [
                 *(sys.executable, "-c", _KEEPER, str(db)),
-                *(str(wal) if wal in files else "", str(REMAP_SECONDS), str(MAX_MAPS)),
+                *(str(wal) if wal in files else "", str(CHECK_SECONDS), str(MAX_MAPS)),
+                str(lock_budget),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -308,12 +485,12 @@ async def warm(
         task_status.started(None)
         return
     assert keeper.stdin is not None and keeper.stdout is not None
+    in_memory(False)  # until the keeper says it has all of it in
     warmed = False
     try:
-        said = b""
-        while not said.endswith(b"\n") and (chunk := await keeper.stdout.receive_some()):
-            said += chunk
-        if said != b"warm\n":
+        lines = _Lines(keeper.stdout)
+        state = await lines.next()
+        if state is None or _is_in(state) is None:
             log.warning(
                 "could not warm the page cache",
                 extra={"error": f"the keeper stopped (exit status {await keeper.wait()})"},
@@ -321,12 +498,34 @@ async def warm(
             task_status.started(None)
             return
         warmed = True
+        in_memory(_is_in(state))
+        how = state.split(" ")
         log.info(
             "read the store into the page cache; keeping it there",
-            extra={"store_bytes": size, "seconds": round(time.monotonic() - started, 2)},
+            extra={
+                "store_bytes": size,
+                "seconds": round(time.monotonic() - started, 2),
+                "locked": how[1:] == ["locked"],
+                **({"not_locked": how[2]} if how[1:2] == ["unlocked"] else {}),
+            },
         )
         task_status.started(keeper.pid)
-        status = await keeper.wait()  # until the daemon stops: it never ends on its own
+        # When each kind of change was last logged ("in" just was, above).
+        logged = {True: time.monotonic(), False: -LOG_EVERY_SECONDS}
+        while (state := await lines.next()) is not None:  # until the daemon stops
+            if (now_in := _is_in(state)) is None:
+                continue
+            in_memory(now_in)
+            if time.monotonic() - logged[now_in] >= LOG_EVERY_SECONDS:
+                logged[now_in] = time.monotonic()
+                if now_in:
+                    log.info("the store is all in the page cache again")
+                else:
+                    log.warning(
+                        "part of the store left the page cache: reads leave the trio thread"
+                        " until the keeper has read it back"
+                    )
+        status = await keeper.wait()
         log.warning(
             "the store is no longer kept in the page cache",
             extra={"error": f"the keeper stopped (exit status {status})"},
