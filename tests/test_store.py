@@ -556,6 +556,36 @@ async def test_while_the_store_is_being_read_in_no_read_or_write_runs_on_the_loo
     assert store.loop_disk_waits == 0 and device.read() == 0
 
 
+async def test_while_the_store_is_being_read_in_more_reads_run_at_once(
+    patient_store: Store,
+) -> None:
+    """A warm-up sends every read to a worker thread, most of them waiting for the disk: up to
+    WARMING_READERS run at once then, not the usual four, so that one whose pages are in memory
+    need not queue behind them; the extra readers go once the store is in."""
+    store = patient_store
+    together = 3 * db.DEFAULT_READERS
+    arrived = threading.Barrier(together, timeout=10)  # breaks unless all run at once
+
+    def meet(conn: sqlite3.Connection) -> int:
+        arrived.wait()
+        return count_to(conn, 2)
+
+    async def read_and_note(results: list[int]) -> None:
+        results.append(await store.read(meet))
+
+    store.set_in_memory(False)
+    results: list[int] = []
+    async with trio.open_nursery() as nursery:
+        for _ in range(together):
+            nursery.start_soon(read_and_note, results)
+    assert results == [2] * together and not arrived.broken
+    assert len(store._readers) == together and store.offloaded_reads == together
+    store.set_in_memory(True)  # all in: back to the usual readers, the extra ones closed
+    assert len(store._readers) == db.DEFAULT_READERS
+    assert not any(conn.warming for conn in store._readers)
+    assert store._read_limiter.total_tokens == db.DEFAULT_READERS
+
+
 async def test_inline_reads_take_one_disk_reading_each(
     patient_store: Store, device: Device
 ) -> None:

@@ -29,7 +29,11 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
   ``ru_inblock``, about 1 us): if it did, that function's reads or writes go to worker threads
   for ``INLINE_BACKOFF_SECONDS``, which bring the pages in without holding the loop. On a cold
   store that is one wait on the loop per function per second; on a warm one, none
-  (``Store.loop_disk_waits`` counts them; ``/metrics`` exports it).
+  (``Store.loop_disk_waits`` counts them; ``/metrics`` exports it). And where the store is
+  kept in memory by the warm-up child (store/warm.py: read in at start, then locked there, or
+  checked every second), nothing waits at all: the child says when all of it is in
+  (``Store.in_memory``), and until then reads and writes go to worker threads without trying
+  the loop.
 
 Durability: ``synchronous=FULL`` in WAL mode fsyncs the log on every commit, so a commit that has
 returned survives a power cut (NORMAL could lose the last commits). CLI commands may write to the
@@ -78,6 +82,13 @@ INLINE_BACKOFF_SECONDS: Final = 1.0
 # How often the daemon's checkpointer copies the WAL into the database file while writes come
 # in (Store.checkpoint_forever); SQLite's own automatic checkpoint would do it inside a COMMIT.
 CHECKPOINT_EVERY_SECONDS: Final = 1.0
+# While the warm-up child reads the store in (Store.in_memory False), every read goes to a
+# worker thread, and most wait for the disk there: this many may run at once then (more reads
+# from the device in flight, and one whose pages are in memory need not queue behind them). The
+# readers past the usual ones have a small page cache (the OS's holds the pages) and are closed
+# once the store is in.
+WARMING_READERS: Final = 32
+WARMING_CACHE_KIB: Final = 2048
 # SQLite VM steps between deadline checks (BudgetedConnection.check_every): about 0.1 ms of
 # SQLite's work on the trio thread, about 10 ms in a worker thread.
 FINE_STEPS: Final = 10_000
@@ -197,6 +208,8 @@ def wake(conn: sqlite3.Connection, name: str) -> None:
 class ReaderConnection(BudgetedConnection):
     """A reader with a deadline: SQLite's progress handler aborts a statement that runs past
     it, so no read can hold a worker thread (and shutdown) for long."""
+
+    warming = False  # one of the extra readers of a warm-up (WARMING_READERS)
 
 
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
@@ -708,6 +721,7 @@ class Store:
         # The last journal event the listeners were told of (see _catch_up_listeners).
         self._heard_seq = journal_end(writer)
         self._readers = [_reader(self.path) for _ in range(readers)]
+        self._reader_count = readers
         # The reader used on the trio thread: it never waits for a lock (a busy store sends the
         # read to a thread instead) and checks its budget often.
         inline = _reader(self.path)
@@ -1082,8 +1096,23 @@ class Store:
         return done
 
     def set_in_memory(self, state: bool | None) -> None:
-        """Where the database file is (``in_memory``), as the warm-up child says."""
+        """Where the database file is (``in_memory``), as the warm-up child says: while it is
+        not all in, up to ``WARMING_READERS`` reads at once in worker threads."""
         self.in_memory = state
+        if state is False:
+            self._read_limiter.total_tokens = max(self._reader_count, WARMING_READERS)
+        else:  # (readers in use past the count go when they are done, in read)
+            self._read_limiter.total_tokens = self._reader_count
+            for conn in [c for c in self._readers if c.warming]:
+                self._readers.remove(conn)
+                conn.close()
+
+    def _warming_reader(self) -> ReaderConnection:
+        """An extra reader for a warm-up (in a worker thread: it opens the file)."""
+        conn = _reader(self.path)
+        conn.execute(f"PRAGMA cache_size = -{WARMING_CACHE_KIB}")
+        conn.warming = True
+        return conn
 
     async def read(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` in one snapshot: on the trio thread within the inline budget,
@@ -1110,7 +1139,10 @@ class Store:
                 self._note_disk_wait(fn, blocks)  # however it ended (a NotFound, say)
         self.offloaded_reads += 1
         async with self._read_limiter:
-            conn = self._readers.pop()
+            if self._readers:
+                conn = self._readers.pop()
+            else:  # a warm-up's tokens (set_in_memory) are more than the readers
+                conn = await trio.to_thread.run_sync(self._warming_reader)
             conn.budget(READ_DEADLINE_SECONDS)
             try:
                 return await trio.to_thread.run_sync(run_in_transaction, conn, "BEGIN", fn, *args)
@@ -1120,7 +1152,10 @@ class Store:
                 raise
             finally:
                 conn.lift_deadline()
-                self._readers.append(conn)
+                if conn.warming and self.in_memory is not False:
+                    conn.close()  # the warm-up is over
+                else:
+                    self._readers.append(conn)
 
     def _blocks_before(self) -> int:
         """The trio thread's count of blocks read, as inline work starts (see ``_blocks_seen``).

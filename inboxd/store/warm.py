@@ -17,13 +17,26 @@ the daemon runs caught exactly that with an in-process first version.
 
 The child then stays, holding the database file mapped (read-only, ``MAP_POPULATE``: mapping it
 is what reads it in) until the daemon stops, and maps what the file grows by every
-``REMAP_SECONDS``. A page that some process maps is in use, not idle cache: some virtual
+``CHECK_SECONDS``. A page that some process maps is in use, not idle cache: some virtual
 machines page out file pages that no process maps and nobody touched for a minute (a DAMON
 ``pageout`` scheme, this one's too), which left the store cold a minute after the load moved on,
 and requests waiting for the disk (BENCHMARKS.md, The machine). Mapped pages are still ordinary
-page cache: the kernel reclaims them under memory pressure like any other (and a store that
-grows past the memory rule below while kept stays mapped, for that reason). The WAL is read
-through, not kept: it is written all the time.
+page cache, which the kernel reclaims under memory pressure like any other; so the child also
+locks them in memory (``mlock``, ``server.lock_cache``) up to half of the memory available at
+start, where the system lets it (``RLIMIT_MEMLOCK``, which inboxd.service lifts, or
+``CAP_IPC_LOCK``). What it could not lock (no permission, or what the store grew by past that
+budget) it checks with ``mincore`` at each look and maps again when pages have left, which reads
+them back in. The WAL is read through, not kept: it is written all the time, so its pages are
+the most recently used there are.
+
+The child says where the store is (``Keeper``), and the daemon's reads follow
+(``Store.in_memory``): on the trio thread while all of it is in memory, in worker threads while
+it is being read in (after a start, seconds for gigabytes) or read back. So while the store is
+kept locked, no read on the loop waits for the disk: locked pages cannot leave. Unlocked ones
+are seen gone within a second (the check is the child's work: about 5 ms of CPU a second for
+7 GB), and until then db.py's bound applies: a read on the loop that had to wait sends its
+function to worker threads for a second. So does a store that is not kept (too large, or
+``warm_cache`` off).
 
 Only when the store takes at most ``MAX_SHARE_OF_AVAILABLE`` of the memory the OS reports
 available, so that warming never pushes out what the machine needs more. In a container or a
@@ -85,8 +98,6 @@ CHECK_SECONDS: Final = 1.0
 MAX_MAPS: Final = 256
 
 _MAP_FAILED: Final = ctypes.c_void_p(-1).value
-# mincore(2) answers a byte per page, of which only the lowest bit says "in memory".
-_LOW_BIT: Final = bytes(b & 1 for b in range(256))
 
 
 class _Libc:
@@ -118,6 +129,7 @@ class _Mapping:
     address: int
     length: int
     locked: bool = False
+    vector: ctypes.Array[ctypes.c_char] | None = None  # for mincore, once it is asked
 
 
 class Keeper:
@@ -178,12 +190,14 @@ class Keeper:
     def _resident(self, m: _Mapping) -> bool:
         if self.unverified:
             return True
-        pages = -(-m.length // mmap.PAGESIZE)
-        vector = ctypes.create_string_buffer(pages)
-        if self._libc.mincore(m.address, m.length, vector) != 0:
+        if m.vector is None:
+            m.vector = ctypes.create_string_buffer(-(-m.length // mmap.PAGESIZE))
+        if self._libc.mincore(m.address, m.length, m.vector) != 0:
             self.unverified = True  # refused (a seccomp filter, say): assume, as before
             return True
-        return b"\0" not in vector.raw.translate(_LOW_BIT)
+        # A byte per page, whose lowest bit says "in memory" (the others are reserved; Linux
+        # writes 0 or 1, and a bit mask over 1.8 MB, for 7 GB, would cost more than the call).
+        return b"\0" not in m.vector.raw
 
     def _map_to_end(self, whole: bool = False) -> None:
         """Map what is not mapped yet (with ``whole``, all of it again); on any failure (the
