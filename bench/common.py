@@ -153,9 +153,14 @@ def report(name: str, rows: list[tuple[str, str, str]], data: dict[str, Any]) ->
     return path
 
 
-def loop_disk_waits(base: str) -> float | None:
-    """The daemon's own count (absent before the revision that added it)."""
+def daemon_metric(base: str, name: str) -> float | None:
+    """A series without labels from the daemon's /metrics (None where this revision has none)."""
     for line in httpx.get(f"{base}/metrics").text.splitlines():
-        if line.startswith("inboxd_store_loop_disk_waits_total "):
+        if line.startswith(f"{name} "):
             return float(line.split()[1])
     return None
+
+
+def loop_disk_waits(base: str) -> float | None:
+    """The daemon's own count (absent before the revision that added it)."""
+    return daemon_metric(base, "inboxd_store_loop_disk_waits_total")

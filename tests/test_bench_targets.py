@@ -49,6 +49,11 @@ def test_verdicts_are_strict_and_unrounded() -> None:
         "search p99, smallest channel": False,
     }
     assert not verdicts({}, {}, 2.0, {})[0]["met"]  # start-up of exactly 2 s misses "< 2 s"
+    # No request waits for the disk on the loop: the daemon's count over the run is 0.
+    waits = {v["figure"]: v["met"] for v in verdicts({}, {}, 1.0, {}, 0.0)}
+    assert waits["loop disk waits over the run"] is True
+    assert not verdicts({}, {}, 1.0, {}, 1.0)[-1]["met"]
+    assert "loop disk waits over the run" not in {v["figure"] for v in verdicts({}, {}, 1.0, {})}
 
 
 def test_a_p99_verdict_says_what_the_ceiling_beside_it_reached() -> None:
