@@ -21,6 +21,7 @@ from trio_websocket import (
 
 from inboxd import daemon
 from inboxd.api import feed as feed_api
+from inboxd.api.app import KeyCache
 from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
 from inboxd.feed import SEND_TURNS, FeedClient, FeedHub
 from inboxd.store import accounts
@@ -174,6 +175,42 @@ async def test_no_auth_frame_within_10_s_closes(
             await ws.get_message()
     assert closed.value.reason.code == 1008
     assert 10 <= trio.current_time() - started < 11
+
+
+async def test_a_client_gone_while_its_handler_waits_after_registering_is_unregistered(
+    base_url: str, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler registers the client, then reads the key's epoch, which may wait (the store
+    read in a worker thread, while the store is being read into memory). A client gone then
+    cancels the handler there: that await was outside the try that unregisters, and the client
+    stayed registered for good (found when reads began to leave the loop during a warm-up)."""
+    hubs: list[FeedHub] = []
+    register = FeedHub.register
+    waiting = trio.Event()
+
+    def noting(self: FeedHub, who: Any) -> Any:
+        hubs.append(self)
+        return register(self, who)
+
+    current_epoch = KeyCache.current_epoch
+
+    async def slow_after_registering(self: KeyCache) -> int:
+        if hubs:  # the read right after register: wait, as a read in a thread would
+            waiting.set()
+            await trio.sleep_forever()
+        return await current_epoch(self)
+
+    monkeypatch.setattr(FeedHub, "register", noting)
+    monkeypatch.setattr(KeyCache, "current_epoch", slow_after_registering)
+    async with feed(base_url, seeded.owner_key):  # (it pings before closing: see there)
+        with trio.fail_after(10):
+            await waiting.wait()
+        assert len(hubs[0].clients) == 1
+    gone = False
+    with trio.move_on_after(10):  # the client closed: its handler is cancelled where it waits
+        while not (gone := not hubs[0].clients):  # noqa: ASYNC110 (the hub has no event)
+            await trio.sleep(0.01)
+    assert gone, "the client stayed registered"
 
 
 async def test_since_replays_then_goes_live_without_gap_or_duplicate(

@@ -101,10 +101,11 @@ async def feed() -> None:
     hub = state().feed_hub
     assert hub is not None
     client = hub.register(who)
-    # Before the key is read again below: a revocation committed after this is seen (_revoked).
-    client.keys = state().keys
-    client.auth_epoch = await client.keys.current_epoch()
-    try:
+    try:  # whatever ends the handler from here, a cancellation at any await too, unregisters
+        # Before the key is read again below: a revocation committed after this is seen
+        # (_revoked).
+        client.keys = state().keys
+        client.auth_epoch = await client.keys.current_epoch()
         # From here every access change reaches the client; one committed since the key was
         # read above (while the upgrade went on, say) did not: read the key's access again.
         if await _refresh(client):
