@@ -584,6 +584,30 @@ async def test_while_the_store_is_being_read_in_more_reads_run_at_once(
     assert len(store._readers) == db.DEFAULT_READERS
     assert not any(conn.warming for conn in store._readers)
     assert store._read_limiter.total_tokens == db.DEFAULT_READERS
+    # The store in while extra readers are in use: each is closed as its read ends.
+    store.set_in_memory(False)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def held(conn: sqlite3.Connection) -> int:
+        started.release()
+        release.wait(10)
+        return count_to(conn, 3)
+
+    async def read_held(results: list[int]) -> None:
+        results.append(await store.read(held))
+
+    results = []
+    async with trio.open_nursery() as nursery:
+        for _ in range(together):
+            nursery.start_soon(read_held, results)
+        for _ in range(together):  # all of them running, in their threads
+            await trio.to_thread.run_sync(started.acquire)
+        store.set_in_memory(True)
+        release.set()
+    assert results == [3] * together
+    assert len(store._readers) == db.DEFAULT_READERS
+    assert not any(conn.warming for conn in store._readers)
 
 
 async def test_inline_reads_take_one_disk_reading_each(

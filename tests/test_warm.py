@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import mmap
 import os
 import resource
@@ -102,10 +103,11 @@ def cold_store(db: Path) -> None:
         os.close(fd)
 
 
-def _disk_reads_reading(db: Path) -> int:
-    """Blocks read from the device while reading one page of every MB of the store's files."""
+def _disk_reads_reading(db: Path, wal: bool = True) -> int:
+    """Blocks read from the device while reading one page of every MB of the store's files
+    (without ``wal``, of the database file only)."""
     before = thread_disk_reads()
-    for path in warm.files_of(db):
+    for path in warm.files_of(db) if wal else [db]:
         fd = os.open(path, os.O_RDONLY)
         try:
             for offset in range(0, path.stat().st_size, 1 << 20):
@@ -239,14 +241,17 @@ def test_a_keeper_survives_its_file_shrinking_and_going(tmp_path: Path) -> None:
         wait_until_mapped(keeper, db, [(0, 2 << 20)])
 
 
-def may_lock(nbytes: int) -> bool:
-    """Whether this process may lock ``nbytes`` in memory: CAP_IPC_LOCK (bit 14 of the
-    effective capabilities), or a memory-lock limit that large."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:") and int(line.split()[1], 16) & (1 << 14):
-            return True
+def surely_may_lock(nbytes: int) -> bool:
+    """Whether this process may lock ``nbytes`` in memory for sure: a memory-lock limit that
+    large, or CAP_IPC_LOCK (bit 14 of the effective capabilities) in the initial user namespace
+    (in another, the bit shows but mlock does not heed it)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return soft == resource.RLIM_INFINITY or soft >= nbytes
+    if soft == resource.RLIM_INFINITY or soft >= nbytes:
+        return True
+    status = Path("/proc/self/status").read_text()
+    capabilities = int(status.split("CapEff:")[1].split()[0], 16)
+    initial = Path("/proc/self/uid_map").read_text().split() == ["0", "0", "4294967295"]
+    return bool(capabilities & (1 << 14)) and initial
 
 
 def locked_bytes(pid: int) -> int:
@@ -257,53 +262,61 @@ def locked_bytes(pid: int) -> int:
     raise AssertionError("no VmLck")
 
 
+REFUSED = ("in unlocked ENOMEM", "in unlocked EPERM", "in unlocked EAGAIN")
+
+
 def test_the_keeper_locks_the_store_in_memory_within_its_budget_when_it_may(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "inboxd.db"
     cold_store(db)  # 24 MB, on the disk only
     size = 24 << 20
-    # Locking off, or a budget too small for the file: mapped (so read in) but not locked.
+    # Locking off: mapped (so read in) but not locked.
     with running_keeper(db, max_maps=32, lock_budget=0, says=b"in unlocked off\n") as keeper:
         assert locked_bytes(keeper.pid) == 0
-    with running_keeper(db, 32, lock_budget=size - 1, says=b"in unlocked budget\n") as keeper:
-        assert locked_bytes(keeper.pid) == 0
     budget = size + (2 << 20)
-    if may_lock(budget):
-        with running_keeper(db, 32, lock_budget=budget, says=b"in locked\n") as keeper:
-            assert locked_bytes(keeper.pid) >= size
-            # What the file grows by is locked too, while the budget lasts...
-            with db.open("ab") as fh:
-                fh.write(os.urandom(1 << 20))
-            deadline = time.monotonic() + 10
-            while locked_bytes(keeper.pid) < size + (1 << 20):
-                assert time.monotonic() < deadline, locked_bytes(keeper.pid)
-                time.sleep(0.02)
-            # ...and past it, mapped only (read in, and checked each look); it says so.
-            with db.open("ab") as fh:
-                fh.write(os.urandom(2 << 20))
-            assert keeper.stdout is not None
-            assert keeper.stdout.readline() == b"in unlocked budget\n"
-            assert mapped_ranges(keeper.pid, db)[-1][1] == size + (3 << 20)
-            assert size + (1 << 20) <= locked_bytes(keeper.pid) < budget
-    else:  # the system refuses: the keeper says why, and keeps it mapped only
-        said = subprocess.run(
-            [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", "32", str(budget)],
-            input=b"",  # (its stdin closed: it stops after its first look)
-            capture_output=True,
-            check=True,
-        ).stdout
-        assert said in (b"in unlocked ENOMEM\n", b"in unlocked EPERM\n", b"in unlocked EAGAIN\n")
+    first = subprocess.run(  # (its stdin closed: it stops after its first look)
+        [sys.executable, "-c", warm._KEEPER, str(db), "", "0.05", "32", str(budget)],
+        input=b"",
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    if first != "in locked\n":  # the system refuses: the keeper says why, mapped only
+        assert first.rstrip("\n") in REFUSED
+        assert not surely_may_lock(budget)
+        return
+    with running_keeper(db, 32, lock_budget=budget, says=b"in locked\n") as keeper:
+        assert locked_bytes(keeper.pid) >= size
+        # What the file grows by is locked too, while the budget lasts...
+        with db.open("ab") as fh:
+            fh.write(os.urandom(1 << 20))
+        deadline = time.monotonic() + 10
+        while locked_bytes(keeper.pid) < size + (1 << 20):
+            assert time.monotonic() < deadline, locked_bytes(keeper.pid)
+            time.sleep(0.02)
+        # ...and past it, only as far as it goes: the rest is mapped (read in, and checked
+        # at each look). It says so.
+        with db.open("ab") as fh:
+            fh.write(os.urandom(2 << 20))
+        assert keeper.stdout is not None
+        assert keeper.stdout.readline() == b"in unlocked budget\n"
+        deadline = time.monotonic() + 10
+        while mapped_ranges(keeper.pid, db)[-1][1] < size + (3 << 20):  # (all written by now)
+            assert time.monotonic() < deadline, mapped_ranges(keeper.pid, db)
+            time.sleep(0.02)
+        assert size + (1 << 20) <= locked_bytes(keeper.pid) <= budget
 
 
 def _evict(keeper: warm.Keeper, db: Path) -> None:
-    """Take the file's pages out of memory under the keeper's feet: unmap them from its
-    mappings (they stay mapped, the pages are just dropped from them) and drop the clean pages
-    no process maps, as the kernel's reclaim would."""
+    """Take the file's unlocked pages out of memory under the keeper's feet: unmap them from
+    its mappings (they stay mapped, the pages are just dropped from them) and drop the clean
+    pages no process maps, as the kernel's reclaim would. Locked pages stay (mapped)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for m in keeper.maps:
-        assert libc.madvise(m.address, m.length, mmap.MADV_DONTNEED) == 0
+        address, length = m.unlocked()
+        if length > 0:
+            assert libc.madvise(address, length, mmap.MADV_DONTNEED) == 0
     fd = os.open(db, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -320,18 +333,88 @@ def test_a_keeper_that_may_not_lock_finds_pages_gone_and_reads_them_back(tmp_pat
     keeper = warm.Keeper(db, lock_budget=0)
     try:
         before = thread_disk_reads()
-        keeper.look(said.append)
+        assert keeper.look(said.append)
         assert thread_disk_reads() > before  # it read the store in from the disk
         assert said == ["in unlocked off"]
         keeper.look(said.append)
         assert said == ["in unlocked off"]  # nothing changed: nothing said
         _evict(keeper, db)
-        assert _disk_reads_reading(db) > 0  # gone from memory (this read brought some back)
+        assert _disk_reads_reading(db, wal=False) > 0  # gone from memory (this brought some in)
         _evict(keeper, db)
         before = thread_disk_reads()
-        keeper.look(said.append)
+        assert keeper.look(said.append)
         assert said == ["in unlocked off", "out", "in unlocked off"]
         assert thread_disk_reads() > before  # read back in
-        assert _disk_reads_reading(db) == 0
+        assert _disk_reads_reading(db, wal=False) == 0
     finally:
         keeper.close()
+
+
+def test_a_keeper_locks_what_its_budget_allows_and_reads_back_only_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A store larger than the lock budget: its first part is locked, the rest checked; pages
+    of the rest that leave are read back without letting go of the lock."""
+    db = tmp_path / "inboxd.db"
+    cold_store(db)  # 24 MB
+    budget = 4 << 20
+    said: list[str] = []
+    keeper = warm.Keeper(db, lock_budget=budget)
+    try:
+        assert keeper.look(said.append)
+        [m] = keeper.maps
+        if m.locked:
+            assert said == ["in unlocked budget"] and m.locked == budget
+            assert locked_bytes(os.getpid()) >= budget
+        else:  # a memory-lock limit under 4 MB
+            assert said[0] in REFUSED and not surely_may_lock(budget)
+        _evict(keeper, db)
+        assert _disk_reads_reading(db, wal=False) > 0
+        _evict(keeper, db)
+        assert keeper.look(said.append)
+        assert said == [said[0], "out", said[0]]
+        assert keeper.maps == [m]  # read back where it was mapped (MADV_POPULATE_READ)
+        assert _disk_reads_reading(db, wal=False) == 0
+        if m.locked:
+            assert m.locked == budget and locked_bytes(os.getpid()) >= budget  # still locked
+    finally:
+        keeper.close()
+
+
+def test_a_keeper_that_cannot_map_the_store_says_so_and_gives_up(tmp_path: Path) -> None:
+    """Nothing mapped is not "in"; and a store that cannot be brought in, look after look, is
+    given up (the daemon then reads as for a store not kept) rather than waited for."""
+    said: list[str] = []
+    keeper = warm.Keeper(tmp_path / "gone.db", lock_budget=1 << 30)
+    for _ in range(warm.GIVE_UP_LOOKS - 1):
+        assert keeper.look(said.append)
+    assert said == ["out"]
+    assert not keeper.look(said.append)
+    assert said == ["out", "lost"]
+
+
+async def test_the_daemon_hears_where_the_store_is_as_the_keeper_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "inboxd.db"
+    db.write_bytes(b"\0" * 4096)
+    said = ["in locked", "out", "in unlocked budget", "out", "lost"]
+    monkeypatch.setattr(
+        warm,
+        "_KEEPER",
+        f"import sys, time\nfor line in {said!r}:\n    print(line, flush=True); time.sleep(0.05)",
+    )
+    heard: list[bool | None] = []
+    caplog.set_level(logging.INFO, logger="inboxd.store")
+    with trio.fail_after(10):
+        await warm.warm(db, in_memory=heard.append)  # returns when the keeper ends
+    assert heard == [False, True, False, True, False, None, None]
+    logged = [r.getMessage() for r in caplog.records if r.name == "inboxd.store"]
+    assert logged[0] == "read the store into the page cache; keeping it there"
+    # The first "out" is logged and its "in again" after it; the second "out" falls within
+    # the minute, so it is not; then the keeper gives up, and ends.
+    assert logged[1].startswith("part of the store left the page cache")
+    assert logged[2] == "the store is all in the page cache again"
+    assert logged[3].startswith("the store keeps leaving the page cache")
+    assert logged[4] == "the store is no longer kept in the page cache"
+    assert len(logged) == 5

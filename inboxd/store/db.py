@@ -29,11 +29,12 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
   ``ru_inblock``, about 1 us): if it did, that function's reads or writes go to worker threads
   for ``INLINE_BACKOFF_SECONDS``, which bring the pages in without holding the loop. On a cold
   store that is one wait on the loop per function per second; on a warm one, none
-  (``Store.loop_disk_waits`` counts them; ``/metrics`` exports it). And where the store is
-  kept in memory by the warm-up child (store/warm.py: read in at start, then locked there, or
-  checked every second), nothing waits at all: the child says when all of it is in
-  (``Store.in_memory``), and until then reads and writes go to worker threads without trying
-  the loop.
+  (``Store.loop_disk_waits`` counts them; ``/metrics`` exports it). Where the warm-up child
+  keeps the store (store/warm.py: read in at start, then locked in memory, or checked every
+  second where it may not lock), it says when all of it is in (``Store.in_memory``), and until
+  then reads and writes go to worker threads without trying the loop: so with the store
+  locked, none waits on the loop at all; what it could not lock is checked every second, and
+  between two checks this bound still applies.
 
 Durability: ``synchronous=FULL`` in WAL mode fsyncs the log on every commit, so a commit that has
 returned survives a power cut (NORMAL could lose the last commits). CLI commands may write to the

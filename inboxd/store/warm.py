@@ -96,8 +96,14 @@ def read_through(paths: Iterable[str | Path]) -> None:
 # (a process may hold only so many, vm.max_map_count).
 CHECK_SECONDS: Final = 1.0
 MAX_MAPS: Final = 256
+# Looks in a row that find part of the store out of memory and fail to read it back (memory is
+# short): then the keeper gives up (says ``lost``), so that the daemon's reads stop waiting for
+# it in worker threads.
+GIVE_UP_LOOKS: Final = 10
 
 _MAP_FAILED: Final = ctypes.c_void_p(-1).value
+# madvise(2): read the range's pages in (Linux 5.14; earlier kernels refuse it, EINVAL).
+_MADV_POPULATE_READ: Final = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 class _Libc:
@@ -115,6 +121,9 @@ class _Libc:
         self.munmap, self.mlock, self.mincore = libc.munmap, libc.mlock, libc.mincore
         for fn in (self.munmap, self.mlock):
             fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+        self.madvise = libc.madvise
+        self.madvise.restype = ctypes.c_int
+        self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         self.mincore.restype = ctypes.c_int
         self.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
@@ -128,24 +137,30 @@ def _os_error() -> OSError:
 class _Mapping:
     address: int
     length: int
-    locked: bool = False
-    vector: ctypes.Array[ctypes.c_char] | None = None  # for mincore, once it is asked
+    locked: int = 0  # bytes locked in memory, from its start
+    not_locked: str = ""  # why the rest is not: off, budget, or mlock's errno
+    vector: ctypes.Array[ctypes.c_char] | None = None  # for mincore of the rest, once asked
+
+    def unlocked(self) -> tuple[int, int]:
+        """The address and length of the part not locked (length 0: none)."""
+        return self.address + self.locked, self.length - self.locked
 
 
 class Keeper:
     """What the keeper child does, one look at a time (``keep`` runs it; tests drive it).
 
     It maps the database file read-only with ``MAP_POPULATE`` (mapping it is what reads it in)
-    and locks the mapping in memory (``mlock``) while the locked bytes stay within
-    ``lock_budget`` and the process may (``RLIMIT_MEMLOCK``, or ``CAP_IPC_LOCK``). Locked pages
-    cannot leave memory; of what it could not lock, each look checks with ``mincore`` that all
-    of it is still in, and maps it all again when not (which reads it back in).
+    and locks as much of it in memory (``mlock``) as ``lock_budget`` and the system allow
+    (``RLIMIT_MEMLOCK``, or ``CAP_IPC_LOCK``). Locked pages cannot leave memory; of the rest,
+    each look checks with ``mincore`` that all of it is still in, and reads back what is not
+    (``MADV_POPULATE_READ``; on kernels before 5.14, by mapping the whole file again).
 
     It says its state in lines (``say``), each time it changes: ``in locked`` (all of the file
     in memory, locked there), ``in unlocked REASON`` (all of it in, not all locked: ``off``, a
     ``budget`` too small, or the errno mlock gave), ``in unverified`` (mapped, but mincore is
-    refused here, so whether it stayed in cannot be told) or ``out`` (part of it is not in
-    memory, and being read back in)."""
+    refused here, so whether it stayed in cannot be told), ``out`` (part of it is not in
+    memory, and being read back in), or ``lost`` (it could not be read back in
+    ``GIVE_UP_LOOKS`` looks in a row: the keeper gives up)."""
 
     def __init__(self, db: Path, lock_budget: int, max_maps: int = MAX_MAPS) -> None:
         self.db = db
@@ -155,24 +170,33 @@ class Keeper:
         self.maps: list[_Mapping] = []
         self.mapped = 0  # the file's size as last mapped
         self._file = (0, 0)  # (st_dev, st_ino) of the file the mappings are of
-        self.not_locked = ""  # why the last mapping was not locked ("" when it was)
         self.unverified = False  # mincore refused: whether unlocked pages stayed in is unknown
         self.said = ""
+        self.out_looks = 0  # looks in a row that could not bring all of it back
 
-    def look(self, say: Callable[[str], None]) -> None:
-        """Map what the file changed by; if part of it is out of memory, say so before mapping
-        it all again (seconds, for a large store read from the disk), then say it is in."""
+    def look(self, say: Callable[[str], None]) -> bool:
+        """Map what the file changed by; if part of it is out of memory, say so before reading
+        it back (seconds, for a large store read from the disk), then say it is in. False once
+        the keeper gives up (it said ``lost``)."""
         self._map_to_end()
         if not self._all_in():
             self._say(say, "out")
-            self._map_to_end(whole=True)
-        if self._all_in():
-            if all(m.locked for m in self.maps):
-                self._say(say, "in locked")
-            else:
-                self._say(
-                    say, "in unverified" if self.unverified else f"in unlocked {self.not_locked}"
-                )
+            self._read_back()
+            if not self._all_in():
+                self.out_looks += 1
+                if self.out_looks < GIVE_UP_LOOKS:
+                    return True
+                self._say(say, "lost")
+                return False
+        self.out_looks = 0
+        unlocked = [m for m in self.maps if m.locked < m.length]
+        if not unlocked:
+            self._say(say, "in locked")
+        else:
+            self._say(
+                say, "in unverified" if self.unverified else f"in unlocked {unlocked[0].not_locked}"
+            )
+        return True
 
     def close(self) -> None:
         for m in self.maps:
@@ -185,19 +209,32 @@ class Keeper:
             self.said = line
 
     def _all_in(self) -> bool:
-        return all(m.locked or self._resident(m) for m in self.maps)
+        if not self.maps:  # in only if the file was seen, and empty
+            return self._file != (0, 0) and self.mapped == 0
+        return all(self._resident(m) for m in self.maps)
 
     def _resident(self, m: _Mapping) -> bool:
-        if self.unverified:
+        """Whether the part of ``m`` not locked is all in memory (the locked part is)."""
+        address, length = m.unlocked()
+        if length <= 0 or self.unverified:
             return True
         if m.vector is None:
-            m.vector = ctypes.create_string_buffer(-(-m.length // mmap.PAGESIZE))
-        if self._libc.mincore(m.address, m.length, m.vector) != 0:
-            self.unverified = True  # refused (a seccomp filter, say): assume, as before
+            m.vector = ctypes.create_string_buffer(-(-length // mmap.PAGESIZE))
+        if self._libc.mincore(address, length, m.vector) != 0:
+            self.unverified = True  # refused (EPERM from a seccomp filter): assume, as before
             return True
         # A byte per page, whose lowest bit says "in memory" (the others are reserved; Linux
         # writes 0 or 1, and a bit mask over 1.8 MB, for 7 GB, would cost more than the call).
         return b"\0" not in m.vector.raw
+
+    def _read_back(self) -> None:
+        """Read in what left memory, leaving the locked parts as they are; where the kernel
+        cannot (before 5.14, or the file shrank under a mapping), map the whole file again."""
+        for m in self.maps:
+            address, length = m.unlocked()
+            if length > 0 and self._libc.madvise(address, length, _MADV_POPULATE_READ) != 0:
+                self._map_to_end(whole=True)
+                return
 
     def _map_to_end(self, whole: bool = False) -> None:
         """Map what is not mapped yet (with ``whole``, all of it again); on any failure (the
@@ -236,17 +273,18 @@ class Keeper:
         return _Mapping(address, length)
 
     def _lock(self, m: _Mapping) -> None:
-        """Lock it when the budget (and the system) allows; after the old mappings are gone,
-        so that they do not count against either."""
-        locked = sum(other.length for other in self.maps if other.locked)
+        """Lock as much of it as the budget left (and the system) allows, from its start;
+        after the old mappings are gone, so that they do not count against either."""
+        room = self.lock_budget - sum(other.locked for other in self.maps)
+        amount = m.length if m.length <= room else max(0, room) // mmap.PAGESIZE * mmap.PAGESIZE
         if self.lock_budget <= 0:
-            self.not_locked = "off"
-        elif locked + m.length > self.lock_budget:
-            self.not_locked = "budget"
-        elif self._libc.mlock(m.address, m.length) != 0:
-            self.not_locked = errno.errorcode.get(ctypes.get_errno(), "error")
+            m.not_locked = "off"
+        elif amount == 0:
+            m.not_locked = "budget"
+        elif self._libc.mlock(m.address, amount) != 0:
+            m.not_locked = errno.errorcode.get(ctypes.get_errno(), "error")
         else:
-            m.locked, self.not_locked = True, ""
+            m.locked, m.not_locked = amount, "" if amount == m.length else "budget"
 
 
 def keep(
@@ -277,13 +315,11 @@ def keep(
         sys.stdout.write(f"{line}\n")
         sys.stdout.flush()
 
-    keeper.look(say)
     stdin = sys.stdin.fileno()
-    while True:
+    while keeper.look(say):
         readable, _, _ = select.select([stdin], [], [], every)
         if readable and not os.read(stdin, 4096):
             return  # the daemon closed its end (or died)
-        keeper.look(say)
 
 
 # The child's program. Not niced: inboxd.service filters out setpriority (@resources), and with
@@ -424,7 +460,8 @@ class _Lines:
 
 
 def _is_in(state: str) -> bool | None:
-    """A keeper's state line: True for all in memory, False for not; None for no such line."""
+    """A keeper's state line: True for all in memory, False for part out (being read back),
+    None for no longer kept (``lost``, or no such line)."""
     word = state.split(" ", 1)[0]
     return True if word == "in" else False if word == "out" else None
 
@@ -504,7 +541,7 @@ async def _warm(
     try:
         lines = _Lines(keeper.stdout)
         state = await lines.next()
-        if state is None or _is_in(state) is None:
+        if state is None or state.split(" ", 1)[0] not in ("in", "out"):
             log.warning(
                 "could not warm the page cache",
                 extra={"error": f"the keeper stopped (exit status {await keeper.wait()})"},
@@ -524,21 +561,26 @@ async def _warm(
             },
         )
         task_status.started(keeper.pid)
-        # When each kind of change was last logged ("in" just was, above).
-        logged = {True: time.monotonic(), False: -LOG_EVERY_SECONDS}
+        out_logged_at = -LOG_EVERY_SECONDS  # "part of it left" is logged once a minute at most,
+        out_logged = False  # and each time it is, "all in again" after it
         while (state := await lines.next()) is not None:  # until the daemon stops
-            if (now_in := _is_in(state)) is None:
-                continue
+            now_in = _is_in(state)
             in_memory(now_in)
-            if time.monotonic() - logged[now_in] >= LOG_EVERY_SECONDS:
-                logged[now_in] = time.monotonic()
-                if now_in:
-                    log.info("the store is all in the page cache again")
-                else:
-                    log.warning(
-                        "part of the store left the page cache: reads leave the trio thread"
-                        " until the keeper has read it back"
-                    )
+            if now_in is None:
+                log.warning(
+                    "the store keeps leaving the page cache (memory is short): no longer kept;"
+                    " reads run on the trio thread again, bounded (store/db.py)",
+                    extra={"keeper_said": state},
+                )
+            elif now_in and out_logged:
+                log.info("the store is all in the page cache again")
+                out_logged = False
+            elif not now_in and time.monotonic() - out_logged_at >= LOG_EVERY_SECONDS:
+                log.warning(
+                    "part of the store left the page cache: reads leave the trio thread until"
+                    " the keeper has read it back"
+                )
+                out_logged_at, out_logged = time.monotonic(), True
         status = await keeper.wait()
         log.warning(
             "the store is no longer kept in the page cache",
