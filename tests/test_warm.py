@@ -9,6 +9,7 @@ import logging
 import mmap
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -195,6 +196,10 @@ def test_the_keeper_maps_what_the_file_grows_by_and_exits_when_the_daemon_goes(
     db.write_bytes(os.urandom(3 << 20))
     with running_keeper(db, max_maps=2) as keeper:
         assert mapped_ranges(keeper.pid, db) == [(0, 3 << 20)]
+        # SIGTERM and SIGINT reach the whole service when systemd stops it, or the process
+        # group on Ctrl-C: the keeper stays until the daemon closes its stdin (below).
+        keeper.send_signal(signal.SIGTERM)
+        keeper.send_signal(signal.SIGINT)
         with db.open("ab") as fh:  # the store grows by 2 MB and a bit
             fh.write(os.urandom((2 << 20) + 4096))
         deadline = time.monotonic() + 10

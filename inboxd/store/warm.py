@@ -54,6 +54,7 @@ import logging
 import mmap
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -297,7 +298,14 @@ def keep(
     """The keeper child's work: read the WAL through, map (and lock) the database file, say
     its state on stdout (``Keeper``), then look again every ``every`` seconds until stdin
     closes (the daemon stopped, or died). It opens and closes the files: never call it in the
-    daemon's own process (see above)."""
+    daemon's own process (see above).
+
+    SIGINT and SIGTERM are ignored, as in the writer process: they reach the whole process group
+    or service (Ctrl-C in a terminal, systemd stopping the unit) while the daemon still drains
+    its requests, and a keeper gone then sends its reads back to the bounded way (and logs a
+    warning at every stop). The daemon closes its stdin once it is done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if wal is not None:
         read_through([wal])
     # If memory runs out, the kernel reclaims the clean pages it could not lock first; should
