@@ -33,8 +33,8 @@ The child says where the store is (``Keeper``), and the daemon's reads follow
 (``Store.in_memory``): on the trio thread while all of it is in memory, in worker threads while
 it is being read in (after a start, seconds for gigabytes) or read back. So while the store is
 kept locked, no read on the loop waits for the disk: locked pages cannot leave. Unlocked ones
-are seen gone within a second (the check is the child's work: about 5 ms of CPU a second for
-7 GB), and until then db.py's bound applies: a read on the loop that had to wait sends its
+are seen gone within a second (the check is the child's work: 0.4 % of a core for a 7 GB
+store), and until then db.py's bound applies: a read on the loop that had to wait sends its
 function to worker threads for a second. So does a store that is not kept (too large, or
 ``warm_cache`` off).
 
