@@ -174,12 +174,16 @@ class Keeper:
         self.unverified = False  # mincore refused: whether unlocked pages stayed in is unknown
         self.said = ""
         self.out_looks = 0  # looks in a row that could not bring all of it back
+        self.unmapped = True  # the last look could not open or map what the file holds
 
     def look(self, say: Callable[[str], None]) -> bool:
         """Map what the file changed by; if part of it is out of memory, say so before reading
         it back (seconds, for a large store read from the disk), then say it is in. False once
         the keeper gives up (it said ``lost``)."""
         self._map_to_end()
+        for m in self.maps:  # what could not be locked before (the budget, a passing ENOMEM)
+            if m.locked < m.length and m.not_locked != "off":
+                self._lock(m)
         if not self._all_in():
             self._say(say, "out")
             self._read_back()
@@ -210,9 +214,7 @@ class Keeper:
             self.said = line
 
     def _all_in(self) -> bool:
-        if not self.maps:  # in only if the file was seen, and empty
-            return self._file != (0, 0) and self.mapped == 0
-        return all(self._resident(m) for m in self.maps)
+        return not self.unmapped and all(self._resident(m) for m in self.maps)
 
     def _resident(self, m: _Mapping) -> bool:
         """Whether the part of ``m`` not locked is all in memory (the locked part is)."""
@@ -222,7 +224,9 @@ class Keeper:
         if m.vector is None:
             m.vector = ctypes.create_string_buffer(-(-length // mmap.PAGESIZE))
         if self._libc.mincore(address, length, m.vector) != 0:
-            self.unverified = True  # refused (EPERM from a seccomp filter): assume, as before
+            if ctypes.get_errno() not in (errno.EPERM, errno.ENOSYS):
+                return False  # (EAGAIN, short of memory itself): not known to be in
+            self.unverified = True  # refused (a seccomp filter): assume, as before
             return True
         # A byte per page, whose lowest bit says "in memory" (the others are reserved; Linux
         # writes 0 or 1, and a bit mask over 1.8 MB, for 7 GB, would cost more than the call).
@@ -230,16 +234,23 @@ class Keeper:
 
     def _read_back(self) -> None:
         """Read in what left memory, leaving the locked parts as they are; where the kernel
-        cannot (before 5.14, or the file shrank under a mapping), map the whole file again."""
+        cannot (EINVAL before 5.14; EFAULT when the file shrank under a mapping), map the whole
+        file again. Other failures (ENOMEM, EINTR) leave it to the next look."""
+        if self.unmapped:
+            self._map_to_end(whole=True)
+            return
         for m in self.maps:
             address, length = m.unlocked()
             if length > 0 and self._libc.madvise(address, length, _MADV_POPULATE_READ) != 0:
-                self._map_to_end(whole=True)
+                if ctypes.get_errno() in (errno.EINVAL, errno.EFAULT):
+                    self._map_to_end(whole=True)
                 return
 
     def _map_to_end(self, whole: bool = False) -> None:
         """Map what is not mapped yet (with ``whole``, all of it again); on any failure (the
-        file gone, say), leave things as they are and try again at the next look."""
+        file gone, say), leave things as they are, not all in (``unmapped``), and try again at
+        the next look."""
+        self.unmapped = True
         try:
             fd = os.open(self.db, os.O_RDONLY)
         except OSError:
@@ -248,6 +259,7 @@ class Keeper:
             st = os.fstat(fd)
             size, file = st.st_size, (st.st_dev, st.st_ino)
             if not whole and size == self.mapped and file == self._file:
+                self.unmapped = False
                 return
             # Grown: map the new part. Shrunk (a VACUUM), another file at the path (a restore),
             # or too many mappings: the whole file, before letting the old mappings go.
@@ -259,12 +271,12 @@ class Keeper:
             return
         finally:
             os.close(fd)
-        if whole:
+        if whole:  # (its locks go with it; the new mapping's, just below, take a few ms)
             self.close()
         if new is not None:
-            self._lock(new)
             self.maps.append(new)
-        self.mapped, self._file = size, file
+            self._lock(new)
+        self.mapped, self._file, self.unmapped = size, file, False
 
     def _map(self, fd: int, offset: int, length: int) -> _Mapping:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -274,18 +286,21 @@ class Keeper:
         return _Mapping(address, length)
 
     def _lock(self, m: _Mapping) -> None:
-        """Lock as much of it as the budget left (and the system) allows, from its start;
-        after the old mappings are gone, so that they do not count against either."""
+        """Lock as much more of ``m`` as the budget left (and the system) allows, after what
+        is locked of it already; the old mappings of a whole remap are gone by then, so that
+        they do not count against either. At each look again, for what could not be."""
         room = self.lock_budget - sum(other.locked for other in self.maps)
-        amount = m.length if m.length <= room else max(0, room) // mmap.PAGESIZE * mmap.PAGESIZE
+        rest = m.length - m.locked
+        amount = rest if rest <= room else max(0, room) // mmap.PAGESIZE * mmap.PAGESIZE
         if self.lock_budget <= 0:
             m.not_locked = "off"
         elif amount == 0:
             m.not_locked = "budget"
-        elif self._libc.mlock(m.address, amount) != 0:
+        elif self._libc.mlock(m.address + m.locked, amount) != 0:
             m.not_locked = errno.errorcode.get(ctypes.get_errno(), "error")
         else:
-            m.locked, m.not_locked = amount, "" if amount == m.length else "budget"
+            m.locked += amount
+            m.not_locked = "" if m.locked == m.length else "budget"
 
 
 def keep(
@@ -333,7 +348,9 @@ def keep(
 # The child's program. Not niced: inboxd.service filters out setpriority (@resources), and with
 # so little CPU to spend there is nothing to yield.
 _KEEPER: Final = (
-    "import sys; from pathlib import Path; from inboxd.store.warm import keep;"
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN);"
+    " signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+    " import sys; from pathlib import Path; from inboxd.store.warm import keep;"
     " keep(Path(sys.argv[1]), Path(sys.argv[2]) if sys.argv[2] else None, float(sys.argv[3]),"
     " int(sys.argv[4]), int(sys.argv[5]))"
 )
@@ -548,16 +565,19 @@ async def _warm(
     warmed = False
     try:
         lines = _Lines(keeper.stdout)
-        state = await lines.next()
-        if state is None or state.split(" ", 1)[0] not in ("in", "out"):
-            log.warning(
+        # Its first "in" (after any "out": pages it could not read in at once).
+        while (state := await lines.next()) == "out":
+            in_memory(False)
+        if state is None or _is_in(state) is not True:
+            keeper.kill()  # ("lost", or a line this daemon does not know: a keeper from
+            log.warning(  # another version, mid-upgrade; it would wait for its stdin)
                 "could not warm the page cache",
-                extra={"error": f"the keeper stopped (exit status {await keeper.wait()})"},
+                extra={"error": f"the keeper said {state!r} (exit status {await keeper.wait()})"},
             )
             task_status.started(None)
             return
         warmed = True
-        in_memory(_is_in(state))
+        in_memory(True)
         how = state.split(" ")
         log.info(
             "read the store into the page cache; keeping it there",
@@ -569,26 +589,40 @@ async def _warm(
             },
         )
         task_status.started(keeper.pid)
-        out_logged_at = -LOG_EVERY_SECONDS  # "part of it left" is logged once a minute at most,
-        out_logged = False  # and each time it is, "all in again" after it
+        # "Part of it left", and an "in" that is not all locked, are logged once a minute at
+        # most; each logged "out" is followed by its "in again".
+        out_logged_at = how_logged_at = -LOG_EVERY_SECONDS
+        out_logged = False
+        last_in = state
         while (state := await lines.next()) is not None:  # until the daemon stops
             now_in = _is_in(state)
             in_memory(now_in)
+            now = time.monotonic()
             if now_in is None:
                 log.warning(
-                    "the store keeps leaving the page cache (memory is short): no longer kept;"
-                    " reads run on the trio thread again, bounded (store/db.py)",
+                    "the keeper could not keep the store in the page cache (memory is short,"
+                    " or the file cannot be mapped): reads run on the trio thread again,"
+                    " bounded (store/db.py)",
                     extra={"keeper_said": state},
                 )
-            elif now_in and out_logged:
-                log.info("the store is all in the page cache again")
-                out_logged = False
-            elif not now_in and time.monotonic() - out_logged_at >= LOG_EVERY_SECONDS:
+            elif now_in:
+                if out_logged:
+                    log.info("the store is all in the page cache again")
+                    out_logged = False
+                changed = state not in (last_in, "in locked")
+                if changed and now - how_logged_at >= LOG_EVERY_SECONDS:
+                    log.warning(
+                        "the store is in the page cache, not all locked there",
+                        extra={"keeper_said": state},
+                    )
+                    how_logged_at = now
+                last_in = state
+            elif now - out_logged_at >= LOG_EVERY_SECONDS:
                 log.warning(
                     "part of the store left the page cache: reads leave the trio thread until"
                     " the keeper has read it back"
                 )
-                out_logged_at, out_logged = time.monotonic(), True
+                out_logged_at, out_logged = now, True
         status = await keeper.wait()
         log.warning(
             "the store is no longer kept in the page cache",
