@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cold import sample_conversations
-from bench.common import daemon_metric, loop_disk_waits, report
+from bench.common import daemon_metric, loop_disk_waits, report, thread_cpu_seconds
 from bench.feed import free_port, start, wait_http
 from bench.http import CONNECTIONS, LUA_ROTATE, run_python, run_wrk
 from inboxd.store.db import db_path
@@ -64,8 +63,7 @@ def keeper_cpu_seconds(daemon_pid: int) -> float | None:
         ]
         for pid in children:
             if "inboxd.store.warm" in Path(f"/proc/{pid}/cmdline").read_text():
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                return thread_cpu_seconds(int(pid))  # (the keeper has one thread)
     except OSError:
         pass
     return None
