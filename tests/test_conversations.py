@@ -486,17 +486,25 @@ async def test_search_does_not_match_system_rows_and_handles_quotes(
 
 
 async def test_search_is_driven_by_the_trigram_indexes(store: Store) -> None:
-    from inboxd.store.conversations import CONTACT_MATCHES_SQL, MESSAGE_MATCHES_SQL
+    from inboxd.store.conversations import (
+        CONTACT_MATCHES_SQL,
+        MESSAGE_MATCHES_SQL,
+        message_search_range,
+    )
 
     plans = store.read_sync(
         lambda c: [
             [str(r[3]) for r in c.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
             for sql, args in (
                 (CONTACT_MATCHES_SQL, ('name : "abc" AND channel : "xyz"', 1)),
-                (MESSAGE_MATCHES_SQL, ('content : "abc" AND channel : "xyz"', 1)),
+                (MESSAGE_MATCHES_SQL, ('NEAR("abc" "xyz", 9)', *message_search_range(1), 1)),
             )
         ]
     )
+    # Messages: FTS5 itself is given the channel's range of rowids (">" and "<" in its plan),
+    # so it reads only that part of each doclist (schema v17).
+    fts5_index = plans[1][0].rsplit(" ", 1)[-1]
+    assert "M" in fts5_index and ">" in fts5_index and "<" in fts5_index, plans[1]
     for plan in plans:
         fts = [
             i
@@ -512,8 +520,8 @@ async def test_search_is_driven_by_the_trigram_indexes(store: Store) -> None:
 
 
 def test_channel_tokens_are_the_same_in_sql_and_python(store: Store) -> None:
-    from inboxd.store.conversations import channel_token
-    from inboxd.store.schema import CHANNEL_TOKEN_SQL
+    from inboxd.store.conversations import channel_token, message_channel_token
+    from inboxd.store.schema import CHANNEL_TOKEN_SQL, MESSAGE_TOKEN_SQL, SEARCH_MAX_CHANNEL_PK
 
     edges = [1, 2, 63, 64, 65, 4095, 4096, 4097, 262_143, 262_144, 16_777_215]
     pks = sorted({*edges, *range(100, 5000, 37)})
@@ -525,13 +533,25 @@ def test_channel_tokens_are_the_same_in_sql_and_python(store: Store) -> None:
     )
     assert in_sql == [channel_token(pk) for pk in pks]
     assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
+    # The tokens opening each message's indexed text (schema v17), up to the last channel pk.
+    edges = [0, 1, 255, 256, 257, 65_535, 65_536, 65_537, SEARCH_MAX_CHANNEL_PK]
+    pks = sorted({*edges, *range(100, 70_000, 997)})
+    in_sql = store.read_sync(
+        lambda c: [
+            c.execute(f"SELECT {MESSAGE_TOKEN_SQL.format(pk='?')}", (pk,) * 3).fetchone()[0]
+            for pk in pks
+        ]
+    )
+    assert in_sql == [message_channel_token(pk) for pk in pks]
+    assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
+    assert all(0xF0000 <= ord(ch) <= 0xF00FF for t in in_sql for ch in t)
 
 
 async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_rebuild(
     owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
     """Many matches elsewhere, a few here: the channel is part of the index query, and the
-    schema v8 rebuild (which fills both indexes from the tables) gives the same answers."""
+    schema v8 and v17 rebuilds (which fill both indexes from the tables) give the same answers."""
     from inboxd.store.schema import MIGRATIONS
 
     for i in range(30):
@@ -561,12 +581,76 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
     before = await search()
     assert before == ([named], list(reversed(mine)))
     rebuild = sqlite3.connect(store.path, isolation_level=None)
-    rebuild.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[7]} COMMIT;")
+    rebuild.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[7]} {MIGRATIONS[16]} COMMIT;")
     rebuild.close()
     assert await search() == before
     # A contact that moves its name keeps the index in step (delete with the old values).
     store.write_sync(lambda c: c.execute("UPDATE contacts SET name = 'Bea' WHERE name = 'Refundo'"))
     assert await search() == ([], list(reversed(mine)))
+
+
+async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    """Schema v17: a message's row in the search index is keyed by its channel, then by itself,
+    and a search reads only its channel's keys. The channel with the highest pk the keys have
+    room for is searched like any other, beside a channel whose pk is 1; a message that would
+    fall past the keys' range is refused rather than indexed where no search would find it."""
+    from inboxd.errors import StoreError
+    from inboxd.store import accounts
+    from inboxd.store.schema import SEARCH_MAX_CHANNEL_PK, SEARCH_PK_MASK
+
+    def add_channel(pk: int) -> str:
+        store.write_sync(
+            lambda c: c.execute(
+                "INSERT INTO channels (pk, id, account_pk, name, type, created_at)"
+                " VALUES (?, ?, 1, 'Edge', 'WHATSAPP', 0)",
+                (pk, f"ch_edge{pk}"),
+            )
+        )
+        return f"ch_edge{pk}"
+
+    edge = add_channel(SEARCH_MAX_CHANNEL_PK)
+    first_id = store.read_sync(
+        lambda c: c.execute("SELECT id FROM channels WHERE pk = 1").fetchone()[0]
+    )
+    at_edge = await conv(owner, edge, "4917000001", "2026-01-01T10:00:00Z", content="refund edge")
+    at_one = await conv(owner, first_id, "4917000002", "2026-01-01T10:00:00Z", content="refund one")
+
+    async def found(channel: str) -> list[str]:
+        got = await owner.get(SEARCH, params={"channelId": channel, "query": "refund"})
+        assert got.status_code == 200, got.text
+        return [c["id"] for c in got.json()["messages"]]
+
+    assert await found(edge) == [at_edge]
+    assert await found(first_id) == [at_one]
+    # The tokens' characters (plane 15, U+F0000-U+F00FF) are not searched in message text: a
+    # query holding one could match a token. Contacts are searched as usual.
+    await conv(owner, first_id, "4917000009", "2026-01-02T10:00:00Z", content="x\U000f0001yz",
+               contact={"name": "x\U000f0001yz"})  # fmt: skip
+    odd = await owner.get(SEARCH, params={"channelId": first_id, "query": "x\U000f0001y"})
+    assert [len(odd.json()[k]) for k in ("contacts", "messages")] == [1, 0]
+    keys = store.read_sync(lambda c: [r[0] for r in c.execute("SELECT rowid FROM messages_fts")])
+    assert max(keys) >> 40 == SEARCH_MAX_CHANNEL_PK and max(keys) < 2**63
+
+    # Past the range: no channel is made with a pk one above (its messages could not be keyed),
+    # and a message pk one above the mask is refused by the index's trigger.
+    with pytest.raises(StoreError, match="no room for another channel"):
+        store.write_sync(lambda c: accounts.create_channel(c, 1, "Past", "WHATSAPP", 0))
+    assert store.read_sync(lambda c: c.execute("SELECT max(pk) FROM channels").fetchone()[0]) == (
+        SEARCH_MAX_CHANNEL_PK
+    )
+    with pytest.raises(sqlite3.IntegrityError, match="search index"):
+        store.write_sync(
+            lambda c: c.execute(
+                "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk,"
+                " direction, type, is_system, content, created_at)"
+                " SELECT ?, 'msg_past', account_pk, conversation_pk, channel_pk, direction, type,"
+                " 0, 'refund past', created_at FROM messages LIMIT 1",
+                (SEARCH_PK_MASK + 1,),
+            )
+        )
+    assert await found(edge) == [at_edge]
 
 
 async def test_stored_conversation_json_follows_contact_assignee_and_channel(

@@ -19,6 +19,7 @@ from inboxd.model import (
     Channel,
     Principal,
 )
+from inboxd.store.schema import SEARCH_MAX_CHANNEL_PK
 
 
 @attrs.frozen
@@ -327,8 +328,14 @@ def create_channel(
         "INSERT INTO channels (id, account_pk, name, type, created_at) VALUES (?, ?, ?, ?, ?)",
         (channel_id, account_pk, name, type_, now),
     )
+    pk = int(cur.lastrowid or 0)
+    if pk > SEARCH_MAX_CHANNEL_PK:  # (the caller's transaction rolls the row back)
+        raise StoreError(
+            f"this store has no room for another channel: message search keys hold channel"
+            f" numbers up to {SEARCH_MAX_CHANNEL_PK:,}"
+        )
     return Channel(
-        pk=int(cur.lastrowid or 0),
+        pk=pk,
         id=channel_id,
         name=name,
         type=type_,

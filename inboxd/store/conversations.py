@@ -15,6 +15,7 @@ from inboxd.errors import NotFound
 from inboxd.model import OPEN, Contact, Conversation, Counts, Principal, UserRef
 from inboxd.store import events
 from inboxd.store.accounts import visible_channel
+from inboxd.store.schema import MESSAGE_TOKEN_BASE, SEARCH_CHANNEL_SHIFT, SEARCH_PK_MASK
 
 _SELECT: Final = """
 SELECT c.pk, c.id, c.channel_pk, ch.id AS channel_id, ch.type AS channel_type,
@@ -260,20 +261,48 @@ class SearchResult:
     messages: bytes
 
 
-# The trigram index drives each search: the query asks for the text AND the channel's token
-# (schema v8), so the index hands over only this channel's matches, newest first (FTS5 walks
-# rowids backwards natively); CROSS JOIN keeps SQLite from looping over the channel's rows and
-# probing the index once per row. The caller stops reading once it has a page, so a common word
-# costs what a page costs, in a small channel as in a large one.
+# The trigram indexes drive each search, newest first (FTS5 walks rowids backwards natively);
+# CROSS JOIN keeps SQLite from looping over the channel's rows and probing the index once per
+# row. The caller stops reading once it has a page, so a common word costs what a page costs, in
+# a small channel as in a large one. Contacts: the query asks for the text AND the channel's
+# token (schema v8). Messages: for the text NEAR the channel's token that opens each indexed
+# text, its rowids one range per channel (schema v17), so FTS5 walks the text's trigrams and the
+# token together inside the channel's part of the index: a phrase that matches nothing costs
+# what the channel holds, not what the store holds.
 CONTACT_MATCHES_SQL: Final = (
     "SELECT c.pk FROM contacts_fts f CROSS JOIN contacts ct ON ct.pk = f.rowid"
     " CROSS JOIN conversations c ON c.contact_pk = ct.pk"
     " WHERE contacts_fts MATCH ? AND ct.channel_pk = ? ORDER BY f.rowid DESC"
 )
 MESSAGE_MATCHES_SQL: Final = (
-    "SELECT m.conversation_pk FROM messages_fts f CROSS JOIN messages m ON m.pk = f.rowid"
-    " WHERE messages_fts MATCH ? AND m.channel_pk = ? ORDER BY f.rowid DESC"
+    "SELECT m.conversation_pk FROM messages_fts f"
+    f" CROSS JOIN messages m ON m.pk = f.rowid & {SEARCH_PK_MASK}"
+    " WHERE messages_fts MATCH ? AND f.rowid BETWEEN ? AND ? AND m.channel_pk = ?"
+    " ORDER BY f.rowid DESC"
 )
+# NEAR's reach, in trigrams: any distance between the token and the text's match (FTS5's most).
+_ANYWHERE: Final = 2**31 - 1
+
+
+def message_search_range(channel_pk: int) -> tuple[int, int]:
+    """The first and last rowid of a channel's rows in messages_fts (schema v17)."""
+    first = channel_pk << SEARCH_CHANNEL_SHIFT
+    return first, first | SEARCH_PK_MASK
+
+
+def message_channel_token(channel_pk: int) -> str:
+    """The channel's token opening each of its texts in messages_fts
+    (schema.MESSAGE_TOKEN_SQL, in Python)."""
+    return (
+        chr(MESSAGE_TOKEN_BASE + (channel_pk >> 16))
+        + chr(MESSAGE_TOKEN_BASE + ((channel_pk >> 8) & 255))
+        + chr(MESSAGE_TOKEN_BASE + (channel_pk & 255))
+    )
+
+
+def _holds_token_characters(text: str) -> bool:
+    """Whether ``text`` has a character of the block the message tokens are made of."""
+    return any(MESSAGE_TOKEN_BASE <= ord(ch) <= MESSAGE_TOKEN_BASE + 255 for ch in text)
 
 
 def channel_token(channel_pk: int) -> str:
@@ -319,11 +348,11 @@ def _phrase(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
-def _any_form(typed: str) -> tuple[int, str]:
-    """The query as FTS5 phrases OR'd together: as typed, composed (NFC) and decomposed (NFD),
-    each once; and its length in characters (composed). An "é" may be stored as one code point
-    (what most keyboards send) or as "e" and a combining accent (what some systems send), and
-    the trigram index compares code points: text in either form is found by a query typed in
+def _any_form(typed: str) -> tuple[int, list[str]]:
+    """The query's forms to search for: as typed, composed (NFC) and decomposed (NFD), each
+    once; and its length in characters (composed). An "é" may be stored as one code point (what
+    most keyboards send) or as "e" and a combining accent (what some systems send), and the
+    trigram index compares code points: text in either form is found by a query typed in
     either. Only text mixing the two forms inside the matched part is not. The form as typed
     stays: some text is in neither (characters NFC replaces, such as U+095B in Hindi, or CJK
     compatibility ideographs) and must still find itself. The index holds the text as it came
@@ -335,10 +364,13 @@ def _any_form(typed: str) -> tuple[int, str]:
         for form in dict.fromkeys([typed, composed, unicodedata.normalize("NFD", typed)])
         if len(form) >= MIN_QUERY_LEN  # (a shorter phrase would match nothing)
     ]
-    if not forms:  # (under the minimum: the caller answers empty lists)
-        return len(composed), ""
-    phrases = " OR ".join(_phrase(form) for form in forms)
-    return len(composed), phrases if len(forms) == 1 else f"({phrases})"
+    return len(composed), forms
+
+
+def _either(phrases: list[str]) -> str:
+    """FTS5 phrases OR'd together."""
+    joined = " OR ".join(phrases)
+    return joined if len(phrases) == 1 else f"({joined})"
 
 
 def search(
@@ -353,27 +385,32 @@ def search(
     """
     channel = visible_channel(conn, who, channel_id)
     text = query.strip()
-    length, phrases = _any_form(text)
-    if length < MIN_QUERY_LEN or not phrases:
+    length, forms = _any_form(text)
+    if length < MIN_QUERY_LEN or not forms:
         return SearchResult(
             contacts=load_json(conn, []),
             messages=load_json(conn, []),
         )
     in_channel = f"channel : {_phrase(channel_token(channel.pk))}"
-    contact_match = f"name : {phrases}"
+    contact_match = f"name : {_either([_phrase(form) for form in forms])}"
     digits = re.sub(r"[^0-9]", "", text)
     if _PHONE_LIKE.match(text) and len(digits) >= MIN_QUERY_LEN:
         contact_match += f" OR phone_number : {_phrase(digits)}"
     contact_pks = _first_distinct(
         conn, CONTACT_MATCHES_SQL, (f"({contact_match}) AND {in_channel}", channel.pk), limit, set()
     )
-    message_pks = _first_distinct(
-        conn,
-        MESSAGE_MATCHES_SQL,
-        (f"content : {phrases} AND {in_channel}", channel.pk),
-        limit,
-        set(contact_pks),
-    )
+    message_pks: list[int] = []
+    # (Text holding the tokens' own characters is not searched: it could match a token.)
+    if not _holds_token_characters(text):
+        token = _phrase(message_channel_token(channel.pk))
+        near = " OR ".join(f"NEAR({_phrase(form)} {token}, {_ANYWHERE})" for form in forms)
+        message_pks = _first_distinct(
+            conn,
+            MESSAGE_MATCHES_SQL,
+            (near, *message_search_range(channel.pk), channel.pk),
+            limit,
+            set(contact_pks),
+        )
     return SearchResult(
         contacts=load_json(conn, contact_pks),
         messages=load_json(conn, message_pks),

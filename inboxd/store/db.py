@@ -61,7 +61,7 @@ import trio
 
 from inboxd.errors import ServiceUnavailable, StorageUnavailable, StoreError
 from inboxd.store.accounts import live_args
-from inboxd.store.schema import MIGRATIONS
+from inboxd.store.schema import MIGRATIONS, SLOW_MIGRATIONS
 from inboxd.store.writer import WriterProcess
 
 log = logging.getLogger("inboxd.store")
@@ -330,14 +330,14 @@ def migrate(conn: sqlite3.Connection) -> int:
     applied = 0
     for number in range(version + 1, len(MIGRATIONS) + 1):
         if version > 0:  # an existing store (a new one is built in a blink)
-            log.info(
-                "migrating the store",
-                extra={
-                    "schema_version": number,
-                    "of": len(MIGRATIONS),
-                    "path": str(db_path_of(conn)),
-                },
-            )
+            extra: dict[str, object] = {
+                "schema_version": number,
+                "of": len(MIGRATIONS),
+                "path": str(db_path_of(conn)),
+            }
+            if number in SLOW_MIGRATIONS:
+                extra["note"] = SLOW_MIGRATIONS[number]
+            log.info("migrating the store", extra=extra)
         # executescript runs the whole migration and the version bump as one transaction.
         conn.executescript(
             "BEGIN IMMEDIATE;\n"
