@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import unicodedata
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -651,6 +652,72 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
             )
         )
     assert await found(edge) == [at_edge]
+
+
+def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store of schema v16 with messages in two channels, written in time order (their
+    channels interleaved): v17 rebuilds the message index keyed channel first, the text opened
+    by the channel's token; the migration's sort goes to temporary files (not memory), and the
+    connection's own setting comes back; its log line says what the long step does."""
+    from inboxd.store.conversations import message_channel_token
+    from inboxd.store.db import db_path, migrate
+    from inboxd.store.schema import MIGRATIONS
+
+    conn = sqlite3.connect(db_path(tmp_path), isolation_level=None)
+    for number, script in enumerate(MIGRATIONS[:16], start=1):
+        conn.executescript(f"BEGIN; {script}\nPRAGMA user_version = {number}; COMMIT;")
+    conn.executescript(
+        "INSERT INTO accounts (pk, id, name, created_at) VALUES (1, 'acc_1', 'A', 0);"
+        " INSERT INTO channels (pk, id, account_pk, name, type, created_at)"
+        "  VALUES (1, 'ch_1', 1, 'One', 'WHATSAPP', 0), (2, 'ch_2', 1, 'Two', 'WHATSAPP', 0);"
+        " INSERT INTO contacts (pk, id, account_pk, channel_pk, phone_number, name, avatar,"
+        "  created_at, updated_at) VALUES (1, 'ct_1', 1, 1, '1', 'a', '', 0, 0),"
+        "  (2, 'ct_2', 1, 2, '2', 'b', '', 0, 0);"
+        " INSERT INTO conversations (pk, id, account_pk, channel_pk, contact_pk, status,"
+        "  sort_at, created_at, updated_at) VALUES (1, 'conv_1', 1, 1, 1, 'OPEN', 0, 0, 0),"
+        "  (2, 'conv_2', 1, 2, 2, 'OPEN', 0, 0, 0);"
+    )
+    for pk in range(1, 7):  # channels 1, 2, 1, 2, ...
+        channel = 2 - pk % 2
+        conn.execute(
+            "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction,"
+            " type, is_system, content, created_at) VALUES (?, ?, 1, ?, ?, 'INBOUND', 'TEXT',"
+            " 0, ?, 0)",
+            (pk, f"msg_{pk}", channel, channel, f"refund number {pk}"),
+        )
+    conn.execute("PRAGMA temp_store = MEMORY")
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    with caplog.at_level("INFO", logger="inboxd.store"):
+        assert migrate(conn) == 1
+    conn.set_trace_callback(None)
+    # The rebuild ran with temporary files (set before its transaction began, undone after).
+    begin = next(i for i, s in enumerate(statements) if "BEGIN IMMEDIATE" in s)
+    assert "PRAGMA temp_store = FILE" in statements[:begin]
+    assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY again
+    assert any("35 s per million messages" in str(getattr(r, "note", "")) for r in caplog.records)
+    keys = [r[0] for r in conn.execute("SELECT rowid FROM messages_fts ORDER BY rowid")]
+    assert keys == [(1 << 40) | 1, (1 << 40) | 3, (1 << 40) | 5, (2 << 40) | 2, (2 << 40) | 4,
+                    (2 << 40) | 6]  # fmt: skip
+    for channel, expected in ((1, [5, 3, 1]), (2, [6, 4, 2])):
+        token = message_channel_token(channel)
+        found = conn.execute(
+            "SELECT rowid & 1099511627775 FROM messages_fts WHERE messages_fts MATCH ?"
+            " ORDER BY rowid DESC",
+            (f'NEAR("REFUND" "{token}", 99)',),
+        ).fetchall()
+        assert [r[0] for r in found] == expected
+    # New messages get keys the same way.
+    conn.execute(
+        "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction, type,"
+        " is_system, content, created_at) VALUES (7, 'msg_7', 1, 1, 1, 'INBOUND', 'TEXT', 0,"
+        " 'refund seven', 0)"
+    )
+    assert conn.execute("SELECT max(rowid) FROM messages_fts WHERE rowid < 2 << 40").fetchone()[
+        0
+    ] == ((1 << 40) | 7)
 
 
 async def test_stored_conversation_json_follows_contact_assignee_and_channel(

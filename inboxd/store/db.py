@@ -327,6 +327,18 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Apply the migrations this store has not had yet; return how many were applied."""
     _check_version(conn, allow_older=True)
     version = schema_version(conn)
+    # A rebuild's sort (v17 sorts every message's text) spills to temporary files rather than
+    # memory: in memory it took 2.5 GB for 10 million messages.
+    temp_store = conn.execute("PRAGMA temp_store").fetchone()[0]
+    conn.execute("PRAGMA temp_store = FILE")
+    try:
+        applied = _migrate_from(conn, version)
+    finally:
+        conn.execute(f"PRAGMA temp_store = {int(temp_store)}")
+    return applied
+
+
+def _migrate_from(conn: sqlite3.Connection, version: int) -> int:
     applied = 0
     for number in range(version + 1, len(MIGRATIONS) + 1):
         if version > 0:  # an existing store (a new one is built in a blink)

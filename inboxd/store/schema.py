@@ -775,5 +775,5 @@ MIGRATIONS: Final[tuple[str, ...]] = (
 SLOW_MIGRATIONS: Final[dict[int, str]] = {
     8: "rebuilds both search indexes: minutes on a store of millions of messages",
     11: "stores each conversation's JSON: about 20 s per million conversations",
-    17: "rebuilds the message search index: about 30 s per million messages",
+    17: "rebuilds the message search index: about 35 s per million messages",
 }
