@@ -226,7 +226,22 @@ def pick(data: Path) -> dict[str, Any]:
             "smallest": by_size[-1],
         },
         "key": info["ownerKey"],
-        "queries": ["order", "refund", "delivery address", "Hopper", "invoice", "Schulz", "4915"],
+        # Words, names, a phrase and digits that match in every channel; and phrases of common
+        # words that match little or nothing ("order refund": both words are frequent, never
+        # side by side), which must read the whole channel's part of the index to say so: the
+        # slowest kind of search there is (bench/HISTORY.md, twenty-second session).
+        "queries": [
+            "order",
+            "refund",
+            "delivery address",
+            "Hopper",
+            "invoice",
+            "Schulz",
+            "4915",
+            "order refund",
+            "please help",
+            "the order",
+        ],
     }
 
 
