@@ -280,7 +280,7 @@ MESSAGE_MATCHES_SQL: Final = (
     " WHERE messages_fts MATCH ? AND f.rowid BETWEEN ? AND ? AND m.channel_pk = ?"
     " ORDER BY f.rowid DESC"
 )
-# NEAR's reach, in trigrams: any distance between the token and the text's match (FTS5's most).
+# NEAR's reach, in trigrams: any distance between the token and the text's match.
 _ANYWHERE: Final = 2**31 - 1
 
 
