@@ -524,25 +524,23 @@ def test_channel_tokens_are_the_same_in_sql_and_python(store: Store) -> None:
     from inboxd.store.conversations import channel_token, message_channel_token
     from inboxd.store.schema import CHANNEL_TOKEN_SQL, MESSAGE_TOKEN_SQL, SEARCH_MAX_CHANNEL_PK
 
+    def tokens_in_sql(template: str, pks: list[int]) -> list[str]:
+        return store.read_sync(
+            lambda c: [
+                c.execute(f"SELECT {template.format(pk='?')}", (pk,) * 3).fetchone()[0]
+                for pk in pks
+            ]
+        )
+
     edges = [1, 2, 63, 64, 65, 4095, 4096, 4097, 262_143, 262_144, 16_777_215]
     pks = sorted({*edges, *range(100, 5000, 37)})
-    in_sql = store.read_sync(
-        lambda c: [
-            c.execute(f"SELECT {CHANNEL_TOKEN_SQL.format(pk='?')}", (pk,) * 3).fetchone()[0]
-            for pk in pks
-        ]
-    )
+    in_sql = tokens_in_sql(CHANNEL_TOKEN_SQL, pks)
     assert in_sql == [channel_token(pk) for pk in pks]
     assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
     # The tokens opening each message's indexed text (schema v17), up to the last channel pk.
     edges = [0, 1, 255, 256, 257, 65_535, 65_536, 65_537, SEARCH_MAX_CHANNEL_PK]
     pks = sorted({*edges, *range(100, 70_000, 997)})
-    in_sql = store.read_sync(
-        lambda c: [
-            c.execute(f"SELECT {MESSAGE_TOKEN_SQL.format(pk='?')}", (pk,) * 3).fetchone()[0]
-            for pk in pks
-        ]
-    )
+    in_sql = tokens_in_sql(MESSAGE_TOKEN_SQL, pks)
     assert in_sql == [message_channel_token(pk) for pk in pks]
     assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
     assert all(0xF0000 <= ord(ch) <= 0xF00FF for t in in_sql for ch in t)
