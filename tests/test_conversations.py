@@ -527,7 +527,7 @@ def test_channel_tokens_are_the_same_in_sql_and_python(store: Store) -> None:
     def tokens_in_sql(template: str, pks: list[int]) -> list[str]:
         return store.read_sync(
             lambda c: [
-                c.execute(f"SELECT {template.format(pk='?')}", (pk,) * 3).fetchone()[0]
+                c.execute(f"SELECT {template.format(pk=':pk')}", {"pk": pk}).fetchone()[0]
                 for pk in pks
             ]
         )
@@ -537,13 +537,14 @@ def test_channel_tokens_are_the_same_in_sql_and_python(store: Store) -> None:
     in_sql = tokens_in_sql(CHANNEL_TOKEN_SQL, pks)
     assert in_sql == [channel_token(pk) for pk in pks]
     assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
-    # The tokens opening each message's indexed text (schema v17), up to the last channel pk.
-    edges = [0, 1, 255, 256, 257, 65_535, 65_536, 65_537, SEARCH_MAX_CHANNEL_PK]
+    # The tokens opening each message's indexed text (schema v17), up to the last channel pk:
+    # the mark, then two characters from U+F0100 on, never the mark again.
+    edges = [0, 1, 4095, 4096, 4097, 65_535, 65_536, 65_537, SEARCH_MAX_CHANNEL_PK]
     pks = sorted({*edges, *range(100, 70_000, 997)})
     in_sql = tokens_in_sql(MESSAGE_TOKEN_SQL, pks)
     assert in_sql == [message_channel_token(pk) for pk in pks]
     assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
-    assert all(0xF0000 <= ord(ch) <= 0xF00FF for t in in_sql for ch in t)
+    assert all(t[0] == "\U000f0000" and min(t[1:]) >= "\U000f0100" for t in in_sql)
 
 
 async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_rebuild(
@@ -597,6 +598,7 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
     fall past the keys' range is refused rather than indexed where no search would find it."""
     from inboxd.errors import StoreError
     from inboxd.store import accounts
+    from inboxd.store.conversations import message_channel_token, message_search_range
     from inboxd.store.schema import SEARCH_MAX_CHANNEL_PK, SEARCH_PK_MASK
 
     def add_channel(pk: int) -> str:
@@ -623,14 +625,55 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
 
     assert await found(edge) == [at_edge]
     assert await found(first_id) == [at_one]
-    # The tokens' characters (plane 15, U+F0000-U+F00FF) are not searched in message text: a
-    # query holding one could match a token. Contacts are searched as usual.
-    await conv(owner, first_id, "4917000009", "2026-01-02T10:00:00Z", content="x\U000f0001yz",
-               contact={"name": "x\U000f0001yz"})  # fmt: skip
-    odd = await owner.get(SEARCH, params={"channelId": first_id, "query": "x\U000f0001y"})
-    assert [len(odd.json()[k]) for k in ("contacts", "messages")] == [1, 0]
     keys = store.read_sync(lambda c: [r[0] for r in c.execute("SELECT rowid FROM messages_fts")])
-    assert max(keys) >> 40 == SEARCH_MAX_CHANNEL_PK and max(keys) < 2**63
+    assert max(keys) >> 40 == SEARCH_MAX_CHANNEL_PK
+    assert message_search_range(1) == (1 << 40, (2 << 40) - 1)
+
+    # What a search asks of the index: the query NEAR the channel's token, in its rowid range.
+    def asked(channel: str, query: str) -> list[str]:
+        def fn(conn: sqlite3.Connection) -> list[str]:
+            traced: list[str] = []
+            conn.set_trace_callback(traced.append)
+            try:
+                who = accounts.authenticate(conn, seeded.owner_key)
+                conversations.search(conn, who, channel, query, 50)
+            finally:
+                conn.set_trace_callback(None)
+            return [t for t in traced if "FROM messages_fts" in t]
+
+        return store.read_sync(fn)
+
+    token = message_channel_token(SEARCH_MAX_CHANNEL_PK)
+    first, last = message_search_range(SEARCH_MAX_CHANNEL_PK)
+    sql = asked(edge, "refund")
+    assert sql and all(f'NEAR("refund" "{token}", 2147483647)' in t for t in sql), sql
+    assert all(f"BETWEEN {first} AND {last}" in t for t in sql), sql
+
+    # A text may carry another channel's token, mark and all: it is indexed with a stand-in for
+    # the mark, so that channel's token still holds its own rows alone.
+    await conv(owner, first_id, "4917000008", "2026-01-02T10:00:00Z",
+               content=f"forged {token} refund")  # fmt: skip
+    holders = store.read_sync(
+        lambda c: [
+            r[0] >> 40
+            for r in c.execute(
+                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?", (f'"{token}"',)
+            )
+        ]
+    )
+    assert holders == [SEARCH_MAX_CHANNEL_PK]
+    # The mark and its stand-in are not searched in message text: a query holding one could
+    # match what opens a text. Contacts are searched as usual.
+    for odd_char in ("\U000f0000", "\U000f0001"):
+        await conv(owner, first_id, "4917000009", "2026-01-02T10:00:00Z",
+                   content=f"x{odd_char}yz", contact={"name": f"x{odd_char}yz"})  # fmt: skip
+        odd = await owner.get(SEARCH, params={"channelId": first_id, "query": f"x{odd_char}y"})
+        assert [len(odd.json()[k]) for k in ("contacts", "messages")] == [1, 0]
+    # Found however far into a long text (NEAR reaches across it).
+    far = await conv(owner, first_id, "4917000010", "2026-01-03T10:00:00Z",
+                     content="x" * 60_000 + " zebra crossing")  # fmt: skip
+    got = await owner.get(SEARCH, params={"channelId": first_id, "query": "zebra crossing"})
+    assert [c["id"] for c in got.json()["messages"]] == [far]
 
     # Past the range: no channel is made with a pk one above (its messages could not be keyed),
     # and a message pk one above the mask is refused by the index's trigger.
@@ -659,9 +702,10 @@ def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
     channels interleaved): v17 rebuilds the message index keyed channel first, the text opened
     by the channel's token; the migration's sort goes to temporary files (not memory), and the
     connection's own setting comes back; its log line says what the long step does."""
+    from inboxd.errors import StoreError
     from inboxd.store.conversations import message_channel_token
     from inboxd.store.db import db_path, migrate
-    from inboxd.store.schema import MIGRATIONS
+    from inboxd.store.schema import MIGRATIONS, SEARCH_MAX_CHANNEL_PK
 
     conn = sqlite3.connect(db_path(tmp_path), isolation_level=None)
     for number, script in enumerate(MIGRATIONS[:16], start=1):
@@ -686,6 +730,17 @@ def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
             (pk, f"msg_{pk}", channel, channel, f"refund number {pk}"),
         )
     conn.execute("PRAGMA temp_store = MEMORY")
+    # A store holding a channel past the keys' range cannot take v17: it stays at v16, whole.
+    conn.execute(
+        "INSERT INTO channels (pk, id, account_pk, name, type, created_at)"
+        " VALUES (?, 'ch_far', 1, 'Far', 'WHATSAPP', 0)",
+        (SEARCH_MAX_CHANNEL_PK + 1,),
+    )
+    with pytest.raises(StoreError, match="cannot take schema version 17: it holds a channel pk"):
+        migrate(conn)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 16
+    assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2 and not conn.in_transaction
+    conn.execute("DELETE FROM channels WHERE id = 'ch_far'")
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     with caplog.at_level("INFO", logger="inboxd.store"):
@@ -696,6 +751,8 @@ def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
     assert "PRAGMA temp_store = FILE" in statements[:begin]
     assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY again
     assert any("35 s per million messages" in str(getattr(r, "note", "")) for r in caplog.records)
+    # One segment: written in key order, then merged (either alone would leave one for six rows).
+    assert conn.execute("SELECT count(DISTINCT segid) FROM messages_fts_idx").fetchone()[0] == 1
     keys = [r[0] for r in conn.execute("SELECT rowid FROM messages_fts ORDER BY rowid")]
     assert keys == [(1 << 40) | 1, (1 << 40) | 3, (1 << 40) | 5, (2 << 40) | 2, (2 << 40) | 4,
                     (2 << 40) | 6]  # fmt: skip
@@ -716,6 +773,14 @@ def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
     assert conn.execute("SELECT max(rowid) FROM messages_fts WHERE rowid < 2 << 40").fetchone()[
         0
     ] == ((1 << 40) | 7)
+    # ... and the trigger refuses one whose channel is past the keys' range.
+    with pytest.raises(sqlite3.IntegrityError, match="search index"):
+        conn.execute(
+            "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction,"
+            " type, is_system, content, created_at) VALUES (8, 'msg_8', 1, 1, ?, 'INBOUND',"
+            " 'TEXT', 0, 'refund eight', 0)",
+            (SEARCH_MAX_CHANNEL_PK + 1,),
+        )
 
 
 async def test_stored_conversation_json_follows_contact_assignee_and_channel(

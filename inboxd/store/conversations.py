@@ -15,7 +15,13 @@ from inboxd.errors import NotFound
 from inboxd.model import OPEN, Contact, Conversation, Counts, Principal, UserRef
 from inboxd.store import events
 from inboxd.store.accounts import visible_channel
-from inboxd.store.schema import MESSAGE_TOKEN_BASE, SEARCH_CHANNEL_SHIFT, SEARCH_PK_MASK
+from inboxd.store.schema import (
+    MESSAGE_TOKEN_BASE,
+    MESSAGE_TOKEN_MARK,
+    MESSAGE_TOKEN_STAND_IN,
+    SEARCH_CHANNEL_SHIFT,
+    SEARCH_PK_MASK,
+)
 
 _SELECT: Final = """
 SELECT c.pk, c.id, c.channel_pk, ch.id AS channel_id, ch.type AS channel_type,
@@ -294,15 +300,15 @@ def message_channel_token(channel_pk: int) -> str:
     """The channel's token opening each of its texts in messages_fts
     (schema.MESSAGE_TOKEN_SQL, in Python)."""
     return (
-        chr(MESSAGE_TOKEN_BASE + (channel_pk >> 16))
-        + chr(MESSAGE_TOKEN_BASE + ((channel_pk >> 8) & 255))
-        + chr(MESSAGE_TOKEN_BASE + (channel_pk & 255))
+        chr(MESSAGE_TOKEN_MARK)
+        + chr(MESSAGE_TOKEN_BASE + (channel_pk >> 12))
+        + chr(MESSAGE_TOKEN_BASE + (channel_pk & 4095))
     )
 
 
 def _holds_token_characters(text: str) -> bool:
-    """Whether ``text`` has a character of the block the message tokens are made of."""
-    return any(MESSAGE_TOKEN_BASE <= ord(ch) <= MESSAGE_TOKEN_BASE + 255 for ch in text)
+    """Whether ``text`` has the tokens' mark or its stand-in (schema.MESSAGE_TOKEN_MARK)."""
+    return chr(MESSAGE_TOKEN_MARK) in text or chr(MESSAGE_TOKEN_STAND_IN) in text
 
 
 def channel_token(channel_pk: int) -> str:
@@ -400,7 +406,7 @@ def search(
         conn, CONTACT_MATCHES_SQL, (f"({contact_match}) AND {in_channel}", channel.pk), limit, set()
     )
     message_pks: list[int] = []
-    # (Text holding the tokens' own characters is not searched: it could match a token.)
+    # (A query holding the tokens' mark or its stand-in could match what opens a text.)
     if not _holds_token_characters(text):
         token = _phrase(message_channel_token(channel.pk))
         near = " OR ".join(f"NEAR({_phrase(form)} {token}, {_ANYWHERE})" for form in forms)

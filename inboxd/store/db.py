@@ -61,7 +61,7 @@ import trio
 
 from inboxd.errors import ServiceUnavailable, StorageUnavailable, StoreError
 from inboxd.store.accounts import live_args
-from inboxd.store.schema import MIGRATIONS, SLOW_MIGRATIONS
+from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, SLOW_MIGRATIONS
 from inboxd.store.writer import WriterProcess
 
 log = logging.getLogger("inboxd.store")
@@ -334,6 +334,8 @@ def migrate(conn: sqlite3.Connection) -> int:
     try:
         applied = _migrate_from(conn, version)
     finally:
+        if conn.in_transaction:  # a step that failed midway: none of it is kept
+            conn.execute("ROLLBACK")
         conn.execute(f"PRAGMA temp_store = {int(temp_store)}")
     return applied
 
@@ -350,6 +352,9 @@ def _migrate_from(conn: sqlite3.Connection, version: int) -> int:
             if number in SLOW_MIGRATIONS:
                 extra["note"] = SLOW_MIGRATIONS[number]
             log.info("migrating the store", extra=extra)
+        check = MIGRATION_CHECKS.get(number)
+        if check is not None and (why := conn.execute(check).fetchone()[0]) is not None:
+            raise StoreError(f"this store cannot take schema version {number}: it holds {why}")
         # executescript runs the whole migration and the version bump as one transaction.
         conn.executescript(
             "BEGIN IMMEDIATE;\n"

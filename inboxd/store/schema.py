@@ -702,18 +702,30 @@ SEARCH_CHANNEL_SHIFT: Final = 40
 SEARCH_PK_MASK: Final = (1 << SEARCH_CHANNEL_SHIFT) - 1
 SEARCH_MAX_CHANNEL_PK: Final = (1 << (63 - SEARCH_CHANNEL_SHIFT)) - 1
 
-# The three characters that open each message's text in messages_fts (schema v17), naming its
-# channel: private-use characters of plane 15 (U+F0000-U+F00FF; 8 bits of the pk each), which
-# chat text does not carry. conversations.message_channel_token is the same in Python; a test
-# holds the two equal.
-MESSAGE_TOKEN_BASE: Final = 0xF0000
+# The token that opens each message's text in messages_fts (schema v17), naming its channel:
+# a mark (U+F0000) and two characters that hold 12 bits of the channel pk each (U+F0100 on),
+# private-use characters of plane 15, then a stand-in (U+F0001). The text's own marks are indexed
+# as the stand-in, so the mark opens no trigram but a token's own: no text can carry a token
+# (another channel's searches would walk past their own rows to each). A query that holds the
+# mark or the stand-in finds no messages (conversations.search): it could match what opens a
+# text. Every other query matches the indexed text exactly where it matches the text itself.
+# conversations.message_channel_token is the same in Python; a test holds the two equal.
+MESSAGE_TOKEN_MARK: Final = 0xF0000
+MESSAGE_TOKEN_STAND_IN: Final = 0xF0001
+MESSAGE_TOKEN_BASE: Final = 0xF0100
 MESSAGE_TOKEN_SQL: Final = (
-    "char(983040 + ({pk} >> 16), 983040 + (({pk} >> 8) & 255), 983040 + ({pk} & 255))"
+    f"char({MESSAGE_TOKEN_MARK}, {MESSAGE_TOKEN_BASE} + ({{pk}} >> 12),"
+    f" {MESSAGE_TOKEN_BASE} + ({{pk}} & 4095))"
 )
 
 
-def _message_token(pk: str) -> str:
-    return MESSAGE_TOKEN_SQL.format(pk=pk)
+def _indexed(pk: str, text: str) -> str:
+    """SQL for what messages_fts indexes of a message: its channel's token, then its text."""
+    stand_in = f"char({MESSAGE_TOKEN_STAND_IN})"
+    return (
+        f"{MESSAGE_TOKEN_SQL.format(pk=pk)} || {stand_in}"
+        f" || replace({text}, char({MESSAGE_TOKEN_MARK}), {stand_in})"
+    )
 
 
 _V17: Final = f"""
@@ -722,18 +734,19 @@ _V17: Final = f"""
 -- trigrams' lists together, and only then meets the other side of the AND: a phrase whose
 -- trigrams are common but which is rare ("order refund", both words frequent, seldom side by
 -- side) walked the lists of the whole index, 120-200 ms on 10M messages, in the smallest channel
--- as in the largest. Now the channel's token opens the indexed text itself, and a search asks for
--- the text NEAR that token: one walk over the text's trigrams and the token, which ends where the
--- token's list does. And each row's rowid starts with its channel (SEARCH_CHANNEL_SHIFT above),
--- so that list is one range of rowids: the walk stays inside the channel's part of the index.
--- The rebuild inserts in rowid order (FTS5 writes out a segment each time the rowid goes down),
--- then merges what it wrote into one segment: the fourteen it leaves otherwise made a common
--- word's first page 5-15 times slower to find (4 against 1 ms, 17 against 1 on 10M messages).
+-- as in the largest. Now the channel's token opens the indexed text itself (MESSAGE_TOKEN_MARK
+-- above: no text can carry one), and a search asks for the text NEAR that token: one walk over
+-- the text's trigrams and the token, which ends where the token's list does. And each row's
+-- rowid starts with its channel (SEARCH_CHANNEL_SHIFT above), so that list is one range of
+-- rowids: the walk stays inside the channel's part of the index. The rebuild inserts in rowid
+-- order (FTS5 writes out a segment each time the rowid goes down), then merges what it wrote
+-- into one segment: the fourteen it leaves otherwise made a common word's first page 5-15 times
+-- slower to find (4 against 1 ms, 17 against 1 on 10M messages).
 DROP TRIGGER messages_fts_insert;
 DROP TABLE messages_fts;
 CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='', tokenize='trigram');
 INSERT INTO messages_fts(rowid, content)
-    SELECT (channel_pk << {SEARCH_CHANNEL_SHIFT}) | pk, {_message_token("channel_pk")} || content
+    SELECT (channel_pk << {SEARCH_CHANNEL_SHIFT}) | pk, {_indexed("channel_pk", "content")}
     FROM messages
     WHERE is_system = 0 AND content IS NOT NULL AND content <> ''
     ORDER BY channel_pk, pk;
@@ -745,7 +758,7 @@ WHEN new.is_system = 0 AND new.content IS NOT NULL AND new.content <> '' BEGIN
            OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};
     INSERT INTO messages_fts(rowid, content) VALUES (
         (new.channel_pk << {SEARCH_CHANNEL_SHIFT}) | new.pk,
-        {_message_token("new.channel_pk")} || new.content
+        {_indexed("new.channel_pk", "new.content")}
     );
 END;
 """
@@ -769,6 +782,16 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V16,
     _V17,
 )
+
+# What a store must hold for a migration to apply: SQL giving NULL when it may, else why not.
+MIGRATION_CHECKS: Final[dict[int, str]] = {
+    17: f"""SELECT CASE
+        WHEN (SELECT max(pk) FROM messages) > {SEARCH_PK_MASK}
+            THEN 'a message pk past the search index''s range (2^40)'
+        WHEN (SELECT max(pk) FROM channels) > {SEARCH_MAX_CHANNEL_PK}
+            THEN 'a channel pk past the search index''s range ({SEARCH_MAX_CHANNEL_PK:,})'
+    END""",
+}
 
 # What the migrations that rebuild something large say while they run (the log of ``serve`` and
 # ``init``): they run in one transaction each, with nothing to show until they are done.
