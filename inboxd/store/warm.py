@@ -54,7 +54,6 @@ import logging
 import mmap
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -315,12 +314,11 @@ def keep(
     closes (the daemon stopped, or died). It opens and closes the files: never call it in the
     daemon's own process (see above).
 
-    SIGINT and SIGTERM are ignored, as in the writer process: they reach the whole process group
-    or service (Ctrl-C in a terminal, systemd stopping the unit) while the daemon still drains
-    its requests, and a keeper gone then sends its reads back to the bounded way (and logs a
-    warning at every stop). The daemon closes its stdin once it is done."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    The child ignores SIGINT and SIGTERM (``_KEEPER`` says so first thing, before any import),
+    as the writer process does: they reach the whole process group or service (Ctrl-C in a
+    terminal, systemd stopping the unit) while the daemon still drains its requests, and a
+    keeper gone then sends its reads back to the bounded way (and logs a warning at every stop).
+    The daemon closes its stdin once it is done."""
     if wal is not None:
         read_through([wal])
     # If memory runs out, the kernel reclaims the clean pages it could not lock first; should
@@ -345,7 +343,7 @@ def keep(
             return  # the daemon closed its end (or died)
 
 
-# The child's program. Not niced: inboxd.service filters out setpriority (@resources), and with
+# The child's program, ignoring SIGINT and SIGTERM from its first line (``keep``). Not niced: inboxd.service filters out setpriority (@resources), and with
 # so little CPU to spend there is nothing to yield.
 _KEEPER: Final = (
     "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN);"
