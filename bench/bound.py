@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from bench.ab import _stop, store_copies
-from bench.common import report, thread_cpu_seconds
+from bench.common import child_pid, report, thread_cpu_seconds
 from bench.feed import free_port, start, wait_http
 from bench.http import LUA_WRITE, pick, reset_for_writes, run_python, run_wrk
 from inboxd import wire
@@ -105,21 +105,6 @@ def handoff_costs(data: Path, ids: dict[str, Any], calls: int = 20_000) -> dict[
         store.close()
 
 
-def writer_child(pid: int) -> int | None:
-    """The pid of the daemon ``pid``'s writer process (store/writer.py), if it has one."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and b"inboxd.store.writer" in cmdline:
-            return int(entry.name)
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     source = Path(args.data)
     ids = pick(source)
@@ -142,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             servers[name] = start([*command, "--bind", f"127.0.0.1:{ports[name]}"], env)
             wait_http(f"http://127.0.0.1:{ports[name]}/readyz", process=servers[name])
         deadline = time.monotonic() + 10  # it starts beside the daemon's other tasks
-        while (writer_pid := writer_child(servers["real"].pid)) is None:
+        while (writer_pid := child_pid(servers["real"].pid, b"inboxd.store.writer")) is None:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)

@@ -164,3 +164,21 @@ def daemon_metric(base: str, name: str) -> float | None:
 def loop_disk_waits(base: str) -> float | None:
     """The daemon's own count (absent before the revision that added it)."""
     return daemon_metric(base, "inboxd_store_loop_disk_waits_total")
+
+
+def child_pid(pid: int, marker: bytes) -> int | None:
+    """The pid of a child of process ``pid`` whose command line holds ``marker`` (the daemon's
+    writer process or page-cache keeper; /proc, Linux), if it has one. By each process's parent
+    in /proc: trio starts a child from a worker thread, so a task's ``children`` file would
+    have to be read for every thread."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and marker in cmdline:
+            return int(entry.name)
+    return None

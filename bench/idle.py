@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cold import sample_conversations
-from bench.common import daemon_metric, loop_disk_waits, report, thread_cpu_seconds
+from bench.common import child_pid, daemon_metric, loop_disk_waits, report, thread_cpu_seconds
 from bench.feed import free_port, start, wait_http
 from bench.http import CONNECTIONS, LUA_ROTATE, run_python, run_wrk
 from inboxd.store.db import db_path
@@ -54,19 +54,11 @@ def resident_bytes(path: Path) -> int | None:
 
 def keeper_cpu_seconds(daemon_pid: int) -> float | None:
     """CPU seconds the daemon's page-cache keeper child has used (None: no keeper, or no /proc)."""
+    keeper = child_pid(daemon_pid, b"inboxd.store.warm")
     try:
-        # (children by the thread that started them: trio starts a process from a worker thread)
-        children = [
-            pid
-            for task in Path(f"/proc/{daemon_pid}/task").iterdir()
-            for pid in (task / "children").read_text().split()
-        ]
-        for pid in children:
-            if "inboxd.store.warm" in Path(f"/proc/{pid}/cmdline").read_text():
-                return thread_cpu_seconds(int(pid))  # (the keeper has one thread)
+        return None if keeper is None else thread_cpu_seconds(keeper)  # (it has one thread)
     except OSError:
-        pass
-    return None
+        return None
 
 
 SETTINGS = {  # name: (server.warm_cache, server.lock_cache)
