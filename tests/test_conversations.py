@@ -544,7 +544,7 @@ def test_channel_tokens_are_the_same_in_sql_and_python(store: Store) -> None:
     in_sql = tokens_in_sql(MESSAGE_TOKEN_SQL, pks)
     assert in_sql == [message_channel_token(pk) for pk in pks]
     assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
-    assert all(t[0] == "\U000f0000" and min(t[1:]) >= "\U000f0100" for t in in_sql)
+    assert all(t[0] == "\U0010fffd" and "\U000f0100" <= min(t[1:]) <= "\U000f10ff" for t in in_sql)
 
 
 async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_rebuild(
@@ -664,7 +664,7 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
     assert holders == [SEARCH_MAX_CHANNEL_PK]
     # The mark and its stand-in are not searched in message text: a query holding one could
     # match what opens a text. Contacts are searched as usual.
-    for odd_char in ("\U000f0000", "\U000f0001"):
+    for odd_char in ("\U0010fffd", "\U0010fffc"):
         await conv(owner, first_id, "4917000009", "2026-01-02T10:00:00Z",
                    content=f"x{odd_char}yz", contact={"name": f"x{odd_char}yz"})  # fmt: skip
         odd = await owner.get(SEARCH, params={"channelId": first_id, "query": f"x{odd_char}y"})

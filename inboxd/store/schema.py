@@ -703,15 +703,17 @@ SEARCH_PK_MASK: Final = (1 << SEARCH_CHANNEL_SHIFT) - 1
 SEARCH_MAX_CHANNEL_PK: Final = (1 << (63 - SEARCH_CHANNEL_SHIFT)) - 1
 
 # The token that opens each message's text in messages_fts (schema v17), naming its channel:
-# a mark (U+F0000) and two characters that hold 12 bits of the channel pk each (U+F0100 on),
-# private-use characters of plane 15, then a stand-in (U+F0001). The text's own marks are indexed
-# as the stand-in, so the mark opens no trigram but a token's own: no text can carry a token
+# a mark (U+10FFFD) and two characters that hold 12 bits of the channel pk each (U+F0100 on),
+# then a stand-in (U+10FFFC); all private-use characters. The text's own marks are indexed as
+# the stand-in, so the mark opens no trigram but a token's own: no text can carry a token
 # (another channel's searches would walk past their own rows to each). A query that holds the
 # mark or the stand-in finds no messages (conversations.search): it could match what opens a
-# text. Every other query matches the indexed text exactly where it matches the text itself.
+# text. They are the last two characters of plane 16's private use area (U+F0001, at the start
+# of plane 15's, is an icon in Nerd Fonts). Every other query matches the indexed text exactly
+# where it matches the text itself.
 # conversations.message_channel_token is the same in Python; a test holds the two equal.
-MESSAGE_TOKEN_MARK: Final = 0xF0000
-MESSAGE_TOKEN_STAND_IN: Final = 0xF0001
+MESSAGE_TOKEN_MARK: Final = 0x10FFFD
+MESSAGE_TOKEN_STAND_IN: Final = 0x10FFFC
 MESSAGE_TOKEN_BASE: Final = 0xF0100
 MESSAGE_TOKEN_SQL: Final = (
     f"char({MESSAGE_TOKEN_MARK}, {MESSAGE_TOKEN_BASE} + ({{pk}} >> 12),"
