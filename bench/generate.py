@@ -184,11 +184,11 @@ def import_history(
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             convs,
         )
-        # In the message search index's key order (schema v17: channel, then message), as a
-        # batch of live writes could come: FTS5 writes out what it holds each time that key goes
-        # down, so conversations of random channels one after the other would write a segment
-        # for nearly every conversation.
-        msgs.sort(key=lambda m: (m[4], m[0]))
+        # In the message search index's key order (schema v18: channel, then message newest
+        # first): FTS5 writes out what it holds each time that key goes down, so conversations
+        # of random channels one after the other, or one channel's messages oldest first, would
+        # write a segment for nearly every message.
+        msgs.sort(key=lambda m: (m[4], -m[0]))
         conn.executemany(
             "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction,"
             " type, is_system, content, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -551,7 +551,7 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
     owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
     """Many matches elsewhere, a few here: the channel is part of the index query, and the
-    schema v8 and v17 rebuilds (which fill both indexes from the tables) give the same answers."""
+    schema v8 and v18 rebuilds (which fill both indexes from the tables) give the same answers."""
     from inboxd.store.schema import MIGRATIONS
 
     for i in range(30):
@@ -581,7 +581,7 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
     before = await search()
     assert before == ([named], list(reversed(mine)))
     rebuild = sqlite3.connect(store.path, isolation_level=None)
-    rebuild.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[7]} {MIGRATIONS[16]} COMMIT;")
+    rebuild.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[7]} {MIGRATIONS[17]} COMMIT;")
     rebuild.close()
     assert await search() == before
     # A contact that moves its name keeps the index in step (delete with the old values).
@@ -592,8 +592,8 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
 async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
     owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
-    """Schema v17: a message's row in the search index is keyed by its channel, then by itself,
-    and a search reads only its channel's keys. The channel with the highest pk the keys have
+    """Schema v17, v18: a message's row in the search index is keyed by its channel, then by
+    itself (newest first), and a search reads only its channel's keys. The channel with the highest pk the keys have
     room for is searched like any other, beside a channel whose pk is 1; a message that would
     fall past the keys' range is refused rather than indexed where no search would find it."""
     from inboxd.errors import StoreError
@@ -695,20 +695,23 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
     assert await found(edge) == [at_edge]
 
 
-def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("start", [16, 17])
+def test_migrating_to_v18_keys_each_message_by_its_channel_and_sorts_on_disk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, start: int
 ) -> None:
-    """A store of schema v16 with messages in two channels, written in time order (their
-    channels interleaved): v17 rebuilds the message index keyed channel first, the text opened
-    by the channel's token; the migration's sort goes to temporary files (not memory), and the
-    connection's own setting comes back; its log line says what the long step does."""
+    """A store of schema v16 or v17 with messages in two channels, written in time order (their
+    channels interleaved): v18 rebuilds the message index keyed channel first, then newest
+    message first, the text opened by the channel's token; from v16 it does so once (v17's
+    rebuild, which v18 redoes, is skipped, and the store goes from 16 to 18 in one transaction).
+    The migration's sort goes to temporary files (not memory), and the connection's own setting
+    comes back; its log line says what the long step does."""
     from inboxd.errors import StoreError
     from inboxd.store.conversations import message_channel_token
     from inboxd.store.db import db_path, migrate
-    from inboxd.store.schema import MIGRATIONS, SEARCH_MAX_CHANNEL_PK
+    from inboxd.store.schema import MIGRATIONS, SEARCH_MAX_CHANNEL_PK, SEARCH_PK_MASK
 
     conn = sqlite3.connect(db_path(tmp_path), isolation_level=None)
-    for number, script in enumerate(MIGRATIONS[:16], start=1):
+    for number, script in enumerate(MIGRATIONS[:start], start=1):
         conn.executescript(f"BEGIN; {script}\nPRAGMA user_version = {number}; COMMIT;")
     conn.executescript(
         "INSERT INTO accounts (pk, id, name, created_at) VALUES (1, 'acc_1', 'A', 0);"
@@ -743,48 +746,57 @@ def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
     )
     conn.executescript(
         "CREATE VIRTUAL TABLE temp.unmerged USING fts5(content, content='', tokenize='trigram');"
-        " BEGIN; INSERT INTO temp.unmerged(rowid, content) SELECT pk, content FROM messages"
-        "  WHERE pk >= 100 ORDER BY pk; COMMIT;"
+        " BEGIN; INSERT INTO temp.unmerged(rowid, content) SELECT -pk, content FROM messages"
+        "  WHERE pk >= 100 ORDER BY -pk; COMMIT;"
     )
     assert conn.execute("SELECT count(DISTINCT segid) FROM temp.unmerged_idx").fetchone()[0] > 1
     conn.execute("DROP TABLE temp.unmerged")
     conn.execute("PRAGMA temp_store = MEMORY")
-    # A store holding a channel past the keys' range cannot take v17: it stays at v16, whole.
+    # A store holding a channel past the keys' range cannot take v17 or v18: it stays as it
+    # was, whole.
     conn.execute(
         "INSERT INTO channels (pk, id, account_pk, name, type, created_at)"
         " VALUES (?, 'ch_far', 1, 'Far', 'WHATSAPP', 0)",
         (SEARCH_MAX_CHANNEL_PK + 1,),
     )
-    with pytest.raises(StoreError, match="cannot take schema version 17: it holds a channel pk"):
+    with pytest.raises(
+        StoreError, match=f"cannot take schema version {start + 1}: it holds a channel pk"
+    ):
         migrate(conn)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 16
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == start
     assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2 and not conn.in_transaction
     conn.execute("DELETE FROM channels WHERE id = 'ch_far'")
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     with caplog.at_level("INFO", logger="inboxd.store"):
-        assert migrate(conn) == 1
+        assert migrate(conn) == 18 - start
     conn.set_trace_callback(None)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 18
+    # One rebuild, in one transaction that also sets the version to 18.
+    assert sum("'optimize'" in s for s in statements) == 1
+    versions = [s.strip() for s in statements if "user_version =" in s]
+    assert versions == ["PRAGMA user_version = 18;"]
+    notes = [str(getattr(r, "note", "")) for r in caplog.records]
+    assert ("skipped: version 18 does it again" in notes) == (start == 16)
+    assert "rebuilds the message search index: about 35 s per million messages" in notes
     # The rebuild ran with temporary files (set before its transaction began, undone after).
     begin = next(i for i, s in enumerate(statements) if "BEGIN IMMEDIATE" in s)
     assert "PRAGMA temp_store = FILE" in statements[:begin]
     assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY again
-    assert any("35 s per million messages" in str(getattr(r, "note", "")) for r in caplog.records)
     # One segment: the rebuild merged what it wrote.
     assert conn.execute("SELECT count(DISTINCT segid) FROM messages_fts_idx").fetchone()[0] == 1
+    pk_of = f"{SEARCH_PK_MASK} - (rowid & {SEARCH_PK_MASK})"
     keys = [
-        r[0]
+        (r[0] >> 40, r[1])
         for r in conn.execute(
-            "SELECT rowid FROM messages_fts WHERE rowid & 1099511627775 < 100 ORDER BY rowid"
+            f"SELECT rowid, {pk_of} FROM messages_fts WHERE {pk_of} < 100 ORDER BY rowid"
         )
     ]
-    assert keys == [(1 << 40) | 1, (1 << 40) | 3, (1 << 40) | 5, (2 << 40) | 2, (2 << 40) | 4,
-                    (2 << 40) | 6]  # fmt: skip
+    assert keys == [(1, 5), (1, 3), (1, 1), (2, 6), (2, 4), (2, 2)]
     for channel, expected in ((1, [5, 3, 1]), (2, [6, 4, 2])):
         token = message_channel_token(channel)
         found = conn.execute(
-            "SELECT rowid & 1099511627775 FROM messages_fts WHERE messages_fts MATCH ?"
-            " ORDER BY rowid DESC",
+            f"SELECT {pk_of} FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid",
             (f'NEAR("REFUND" "{token}", 99)',),
         ).fetchall()
         assert [r[0] for r in found] == expected
@@ -795,7 +807,7 @@ def test_migrating_to_v17_keys_each_message_by_its_channel_and_sorts_on_disk(
         " 'refund seven', 0)"
     )
     assert conn.execute(
-        "SELECT count(*) FROM messages_fts WHERE rowid = ?", ((1 << 40) | 7,)
+        "SELECT count(*) FROM messages_fts WHERE rowid = ?", ((1 << 40) | (SEARCH_PK_MASK - 7),)
     ).fetchone() == (1,)
     # ... and the trigger refuses one whose channel is past the keys' range.
     with pytest.raises(sqlite3.IntegrityError, match="search index"):

@@ -61,7 +61,7 @@ import trio
 
 from inboxd.errors import ServiceUnavailable, StorageUnavailable, StoreError
 from inboxd.store.accounts import live_args
-from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, SLOW_MIGRATIONS
+from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, REDONE_BY, SLOW_MIGRATIONS
 from inboxd.store.writer import WriterProcess
 
 log = logging.getLogger("inboxd.store")
@@ -343,25 +343,30 @@ def migrate(conn: sqlite3.Connection) -> int:
 def _migrate_from(conn: sqlite3.Connection, version: int) -> int:
     applied = 0
     for number in range(version + 1, len(MIGRATIONS) + 1):
+        redone = number in REDONE_BY  # (a migration runs to the last version)
         if version > 0:  # an existing store (a new one is built in a blink)
             extra: dict[str, object] = {
                 "schema_version": number,
                 "of": len(MIGRATIONS),
                 "path": str(db_path_of(conn)),
             }
-            if number in SLOW_MIGRATIONS:
+            if redone:
+                extra["note"] = f"skipped: version {REDONE_BY[number]} does it again"
+            elif number in SLOW_MIGRATIONS:
                 extra["note"] = SLOW_MIGRATIONS[number]
             log.info("migrating the store", extra=extra)
         check = MIGRATION_CHECKS.get(number)
         if check is not None and (why := conn.execute(check).fetchone()[0]) is not None:
             raise StoreError(f"this store cannot take schema version {number}: it holds {why}")
+        applied += 1
+        if redone:  # the store goes past this version in the later one's transaction
+            continue
         # executescript runs the whole migration and the version bump as one transaction.
         conn.executescript(
             "BEGIN IMMEDIATE;\n"
             + MIGRATIONS[number - 1]
             + f"\nPRAGMA user_version = {number};\nCOMMIT;"
         )
-        applied += 1
     return applied
 
 

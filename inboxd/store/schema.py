@@ -693,9 +693,10 @@ _V16: Final = """
 ALTER TABLE webhook_deliveries ADD COLUMN retry_after REAL;
 """
 
-# Message search keys: each row of messages_fts (schema v17) has the rowid
-# ``channel_pk << SEARCH_CHANNEL_SHIFT | message pk``, so one channel's rows are one range of
-# rowids (store/conversations.py). Room for message pks under 2^40 (about 1.1 trillion) and
+# Message search keys: each row of messages_fts has the rowid
+# ``channel_pk << SEARCH_CHANNEL_SHIFT | (SEARCH_PK_MASK - message pk)`` (schema v18; v17 had the
+# pk as it is), so one channel's rows are one range of rowids, newest first
+# (store/conversations.py). Room for message pks under 2^40 (about 1.1 trillion) and
 # channel pks under 2^23 (about 8.4 million): accounts.create_channel refuses a channel past
 # that, and the trigger a message, rather than index it where no search would find it.
 SEARCH_CHANNEL_SHIFT: Final = 40
@@ -765,6 +766,38 @@ WHEN new.is_system = 0 AND new.content IS NOT NULL AND new.content <> '' BEGIN
 END;
 """
 
+_V18: Final = f"""
+-- A message search walks the index forwards. FTS5 reads a list backwards by decoding each page
+-- forwards first, and a search wants the newest messages first: with rowids rising with the
+-- message pk (v17) it walked every list backwards. Now a channel's rows count down from its
+-- newest message (SEARCH_PK_MASK above), so newest first is rowid order. A phrase that matches
+-- nothing in the largest channel of 10M messages (2.3M of them) walked its part of the index in
+-- 45-50 ms; now in 28-37 ms. FTS5 writes out what it holds each time the rowid goes down, now at
+-- each message of a channel after the first in one transaction: for the index alone that is
+-- 70 against 30 us a message in batches of 50, lost in the rest of a write (an ingest in such
+-- batches took 315 against 308 us a message, a transaction of one 950 us either way).
+DROP TRIGGER messages_fts_insert;
+DROP TABLE messages_fts;
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='', tokenize='trigram');
+INSERT INTO messages_fts(rowid, content)
+    SELECT (channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - pk),
+        {_indexed("channel_pk", "content")}
+    FROM messages
+    WHERE is_system = 0 AND content IS NOT NULL AND content <> ''
+    ORDER BY channel_pk, pk DESC;
+INSERT INTO messages_fts(messages_fts) VALUES ('optimize');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+WHEN new.is_system = 0 AND new.content IS NOT NULL AND new.content <> '' BEGIN
+    SELECT RAISE(ABORT, 'message key past the search index''s range')
+        WHERE new.pk NOT BETWEEN 0 AND {SEARCH_PK_MASK}
+           OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        (new.channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - new.pk),
+        {_indexed("new.channel_pk", "new.content")}
+    );
+END;
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -783,17 +816,23 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V15,
     _V16,
     _V17,
+    _V18,
 )
 
 # What a store must hold for a migration to apply: SQL giving NULL when it may, else why not.
-MIGRATION_CHECKS: Final[dict[int, str]] = {
-    17: f"""SELECT CASE
-        WHEN (SELECT max(pk) FROM messages) > {SEARCH_PK_MASK}
-            THEN 'a message pk past the search index''s range (2^40)'
-        WHEN (SELECT max(pk) FROM channels) > {SEARCH_MAX_CHANNEL_PK}
-            THEN 'a channel pk past the search index''s range ({SEARCH_MAX_CHANNEL_PK:,})'
-    END""",
-}
+_SEARCH_KEYS_FIT: Final = f"""SELECT CASE
+    WHEN (SELECT max(pk) FROM messages) > {SEARCH_PK_MASK}
+        THEN 'a message pk past the search index''s range (2^40)'
+    WHEN (SELECT max(pk) FROM channels) > {SEARCH_MAX_CHANNEL_PK}
+        THEN 'a channel pk past the search index''s range ({SEARCH_MAX_CHANNEL_PK:,})'
+END"""
+MIGRATION_CHECKS: Final[dict[int, str]] = {17: _SEARCH_KEYS_FIT, 18: _SEARCH_KEYS_FIT}
+
+# Migrations whose every change a later one makes again: a store that takes both skips the
+# first (its check still runs) and goes past its version in the later one's transaction. v18
+# rebuilds the message search index whole, as v17 did with other keys: a store of v16 rebuilds
+# it once, not twice.
+REDONE_BY: Final[dict[int, int]] = {17: 18}
 
 # What the migrations that rebuild something large say while they run (the log of ``serve`` and
 # ``init``): they run in one transaction each, with nothing to show until they are done.
@@ -801,4 +840,5 @@ SLOW_MIGRATIONS: Final[dict[int, str]] = {
     8: "rebuilds both search indexes: minutes on a store of millions of messages",
     11: "stores each conversation's JSON: about 20 s per million conversations",
     17: "rebuilds the message search index: about 35 s per million messages",
+    18: "rebuilds the message search index: about 35 s per million messages",
 }
