@@ -771,8 +771,8 @@ _V18: Final = f"""
 -- forwards first, and a search wants the newest messages first: with rowids rising with the
 -- message pk (v17) it walked every list backwards. Now a channel's rows count down from its
 -- newest message (SEARCH_PK_MASK above), so newest first is rowid order. A phrase that matches
--- nothing in the largest channel of 10M messages (2.3M of them) walked its part of the index in
--- 45-50 ms; now in 28-37 ms. FTS5 writes out what it holds each time the rowid goes down, now at
+-- nothing in the largest channel of 10M messages (1.54M of them) walked its part of the index in
+-- 42-47 ms (p99 of bench http's ten queries 66 ms); now 28-37 ms (p99 31-36 ms). FTS5 writes out what it holds each time the rowid goes down, now at
 -- each message of a channel after the first in one transaction: for the index alone that is
 -- 70 against 30 us a message in batches of 50, lost in the rest of a write (an ingest in such
 -- batches took 315 against 308 us a message, a transaction of one 950 us either way).
