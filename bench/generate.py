@@ -175,6 +175,8 @@ def import_history(
                  "READ" if last[3] == "OUTBOUND" else "RECEIVED", last[1], last[1], start, last[1])
             )  # fmt: skip
         conn.execute("BEGIN")
+        # In the contact search index's key order (schema v19, as for messages below).
+        contacts.sort(key=lambda c: (c[3], -c[0]))
         conn.executemany("INSERT INTO contacts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", contacts)
         conn.executemany(
             "INSERT INTO conversations (pk, id, account_pk, channel_pk, contact_pk, status,"

@@ -487,26 +487,22 @@ async def test_search_does_not_match_system_rows_and_handles_quotes(
 
 
 async def test_search_is_driven_by_the_trigram_indexes(store: Store) -> None:
-    from inboxd.store.conversations import (
-        CONTACT_MATCHES_SQL,
-        MESSAGE_MATCHES_SQL,
-        message_search_range,
-    )
+    from inboxd.store.conversations import CONTACT_MATCHES_SQL, MESSAGE_MATCHES_SQL, search_range
 
     plans = store.read_sync(
         lambda c: [
             [str(r[3]) for r in c.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
             for sql, args in (
-                (CONTACT_MATCHES_SQL, ('name : "abc" AND channel : "xyz"', 1)),
-                (MESSAGE_MATCHES_SQL, ('NEAR("abc" "xyz", 9)', *message_search_range(1), 1)),
+                (CONTACT_MATCHES_SQL, ('name : NEAR("abc" "xyz", 9)', *search_range(1), 1)),
+                (MESSAGE_MATCHES_SQL, ('NEAR("abc" "xyz", 9)', *search_range(1), 1)),
             )
         ]
     )
-    # Messages: FTS5 itself is given the channel's range of rowids (">" and "<" in its plan),
-    # so it reads only that part of each doclist (schema v17).
-    fts5_index = plans[1][0].rsplit(" ", 1)[-1]
-    assert "M" in fts5_index and ">" in fts5_index and "<" in fts5_index, plans[1]
     for plan in plans:
+        # FTS5 itself is given the channel's range of rowids (">" and "<" in its plan), so it
+        # reads only that part of each doclist (schema v17, v19).
+        fts5_index = plan[0].rsplit(" ", 1)[-1]
+        assert "M" in fts5_index and ">" in fts5_index and "<" in fts5_index, plan
         fts = [
             i
             for i, line in enumerate(plan)
@@ -521,28 +517,20 @@ async def test_search_is_driven_by_the_trigram_indexes(store: Store) -> None:
 
 
 def test_channel_tokens_are_the_same_in_sql_and_python(store: Store) -> None:
-    from inboxd.store.conversations import channel_token, message_channel_token
-    from inboxd.store.schema import CHANNEL_TOKEN_SQL, MESSAGE_TOKEN_SQL, SEARCH_MAX_CHANNEL_PK
+    """The tokens opening each indexed text (schema v17, v19), up to the last channel pk: the
+    mark, then two characters from U+F0100 on, never the mark again; each channel its own."""
+    from inboxd.store.conversations import search_token
+    from inboxd.store.schema import MESSAGE_TOKEN_SQL, SEARCH_MAX_CHANNEL_PK
 
-    def tokens_in_sql(template: str, pks: list[int]) -> list[str]:
-        return store.read_sync(
-            lambda c: [
-                c.execute(f"SELECT {template.format(pk=':pk')}", {"pk": pk}).fetchone()[0]
-                for pk in pks
-            ]
-        )
-
-    edges = [1, 2, 63, 64, 65, 4095, 4096, 4097, 262_143, 262_144, 16_777_215]
-    pks = sorted({*edges, *range(100, 5000, 37)})
-    in_sql = tokens_in_sql(CHANNEL_TOKEN_SQL, pks)
-    assert in_sql == [channel_token(pk) for pk in pks]
-    assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
-    # The tokens opening each message's indexed text (schema v17), up to the last channel pk:
-    # the mark, then two characters from U+F0100 on, never the mark again.
     edges = [0, 1, 4095, 4096, 4097, 65_535, 65_536, 65_537, SEARCH_MAX_CHANNEL_PK]
     pks = sorted({*edges, *range(100, 70_000, 997)})
-    in_sql = tokens_in_sql(MESSAGE_TOKEN_SQL, pks)
-    assert in_sql == [message_channel_token(pk) for pk in pks]
+    in_sql = store.read_sync(
+        lambda c: [
+            c.execute(f"SELECT {MESSAGE_TOKEN_SQL.format(pk=':pk')}", {"pk": pk}).fetchone()[0]
+            for pk in pks
+        ]
+    )
+    assert in_sql == [search_token(pk) for pk in pks]
     assert len(set(in_sql)) == len(pks) and all(len(t) == 3 for t in in_sql)
     assert all(t[0] == "\U0010fffd" and "\U000f0100" <= min(t[1:]) <= "\U000f10ff" for t in in_sql)
 
@@ -551,7 +539,8 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
     owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
     """Many matches elsewhere, a few here: the channel is part of the index query, and the
-    schema v8 and v18 rebuilds (which fill both indexes from the tables) give the same answers."""
+    schema v8, v18 and v19 rebuilds (which fill both indexes from the tables) give the same
+    answers."""
     from inboxd.store.schema import MIGRATIONS
 
     for i in range(30):
@@ -581,7 +570,9 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
     before = await search()
     assert before == ([named], list(reversed(mine)))
     rebuild = sqlite3.connect(store.path, isolation_level=None)
-    rebuild.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[7]} {MIGRATIONS[17]} COMMIT;")
+    rebuild.executescript(
+        f"BEGIN IMMEDIATE; {MIGRATIONS[7]} {MIGRATIONS[17]} {MIGRATIONS[18]} COMMIT;"
+    )
     rebuild.close()
     assert await search() == before
     # A contact that moves its name keeps the index in step (delete with the old values).
@@ -592,13 +583,14 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
 async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
     owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
-    """Schema v17, v18: a message's row in the search index is keyed by its channel, then by
-    itself (newest first), and a search reads only its channel's keys. The channel with the highest pk the keys have
-    room for is searched like any other, beside a channel whose pk is 1; a message that would
-    fall past the keys' range is refused rather than indexed where no search would find it."""
+    """Schema v17-v19: a message's or contact's row in its search index is keyed by its
+    channel, then by itself (newest first), and a search reads only its channel's keys. The
+    channel with the highest pk the keys have room for is searched like any other, beside a
+    channel whose pk is 1; a message or contact that would fall past the keys' range is refused
+    rather than indexed where no search would find it."""
     from inboxd.errors import StoreError
     from inboxd.store import accounts
-    from inboxd.store.conversations import message_channel_token, message_search_range
+    from inboxd.store.conversations import search_range, search_token
     from inboxd.store.schema import SEARCH_MAX_CHANNEL_PK, SEARCH_PK_MASK
 
     def add_channel(pk: int) -> str:
@@ -615,19 +607,32 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
     first_id = store.read_sync(
         lambda c: c.execute("SELECT id FROM channels WHERE pk = 1").fetchone()[0]
     )
-    at_edge = await conv(owner, edge, "4917000001", "2026-01-01T10:00:00Z", content="refund edge")
-    at_one = await conv(owner, first_id, "4917000002", "2026-01-01T10:00:00Z", content="refund one")
+    at_edge = await conv(owner, edge, "4917000001", "2026-01-01T10:00:00Z", content="refund edge",
+                         contact={"name": "Edna Zellwig"})  # fmt: skip
+    at_one = await conv(owner, first_id, "4917000002", "2026-01-01T10:00:00Z",
+                        content="refund one", contact={"name": "Onno Zellwig"})  # fmt: skip
 
-    async def found(channel: str) -> list[str]:
-        got = await owner.get(SEARCH, params={"channelId": channel, "query": "refund"})
+    async def found(channel: str, query: str = "refund") -> list[str]:
+        got = await owner.get(SEARCH, params={"channelId": channel, "query": query})
         assert got.status_code == 200, got.text
         return [c["id"] for c in got.json()["messages"]]
 
+    async def found_contacts(channel: str, query: str) -> list[str]:
+        got = await owner.get(SEARCH, params={"channelId": channel, "query": query})
+        return [c["id"] for c in got.json()["contacts"]]
+
     assert await found(edge) == [at_edge]
     assert await found(first_id) == [at_one]
-    keys = store.read_sync(lambda c: [r[0] for r in c.execute("SELECT rowid FROM messages_fts")])
-    assert max(keys) >> 40 == SEARCH_MAX_CHANNEL_PK
-    assert message_search_range(1) == (1 << 40, (2 << 40) - 1)
+    assert await found_contacts(edge, "zellwig") == [at_edge]
+    assert await found_contacts(first_id, "zellwig") == [at_one]
+    assert await found_contacts(edge, "4917000001") == [at_edge]
+    assert await found_contacts(first_id, "4917000001") == []
+    for table in ("messages_fts", "contacts_fts"):
+        keys = store.read_sync(
+            lambda c, t: [r[0] for r in c.execute(f"SELECT rowid FROM {t}")], table
+        )
+        assert max(keys) >> 40 == SEARCH_MAX_CHANNEL_PK
+    assert search_range(1) == (1 << 40, (2 << 40) - 1)
 
     # What a search asks of the index: the query NEAR the channel's token, in its rowid range.
     def asked(channel: str, query: str) -> list[str]:
@@ -639,36 +644,40 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
                 conversations.search(conn, who, channel, query, 50)
             finally:
                 conn.set_trace_callback(None)
-            return [t for t in traced if "FROM messages_fts" in t]
+            return [t for t in traced if t.startswith("SELECT") and "_fts f" in t]
 
         return store.read_sync(fn)
 
-    token = message_channel_token(SEARCH_MAX_CHANNEL_PK)
-    first, last = message_search_range(SEARCH_MAX_CHANNEL_PK)
-    sql = asked(edge, "refund")
-    assert sql and all(f'NEAR("refund" "{token}", 2147483647)' in t for t in sql), sql
+    token = search_token(SEARCH_MAX_CHANNEL_PK)
+    first, last = search_range(SEARCH_MAX_CHANNEL_PK)
+    sql = asked(edge, "4917")
+    assert len(sql) == 2 and "FROM contacts_fts" in sql[0] and "FROM messages_fts" in sql[1], sql
     assert all(f"BETWEEN {first} AND {last}" in t for t in sql), sql
+    near = f'NEAR("4917" "{token}", 2147483647)'
+    assert f"'name : {near} OR phone_number : {near}'" in sql[0], sql
+    assert f"'{near}'" in sql[1], sql
 
     # A text may carry another channel's token, mark and all: it is indexed with a stand-in for
     # the mark, so that channel's token still holds its own rows alone.
     await conv(owner, first_id, "4917000008", "2026-01-02T10:00:00Z",
-               content=f"forged {token} refund")  # fmt: skip
-    holders = store.read_sync(
-        lambda c: [
-            r[0] >> 40
-            for r in c.execute(
-                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?", (f'"{token}"',)
-            )
-        ]
-    )
-    assert holders == [SEARCH_MAX_CHANNEL_PK]
-    # The mark and its stand-in are not searched in message text: a query holding one could
-    # match what opens a text. Contacts are searched as usual.
+               content=f"forged {token} refund", contact={"name": f"Forged {token}"})  # fmt: skip
+    for table in ("messages_fts", "contacts_fts"):
+        holders = store.read_sync(
+            lambda c, t: [
+                r[0] >> 40
+                for r in c.execute(f"SELECT rowid FROM {t} WHERE {t} MATCH ?", (f'"{token}"',))
+            ],
+            table,
+        )
+        assert set(holders) == {SEARCH_MAX_CHANNEL_PK}, table
+    # The mark and its stand-in are not searched for: a query holding one could match what
+    # opens a text.
     for odd_char in ("\U0010fffd", "\U0010fffc"):
         await conv(owner, first_id, "4917000009", "2026-01-02T10:00:00Z",
-                   content=f"x{odd_char}yz", contact={"name": f"x{odd_char}yz"})  # fmt: skip
+                   content=f"x{odd_char}yzw", contact={"name": f"x{odd_char}yzw"})  # fmt: skip
         odd = await owner.get(SEARCH, params={"channelId": first_id, "query": f"x{odd_char}y"})
-        assert [len(odd.json()[k]) for k in ("contacts", "messages")] == [1, 0]
+        assert [len(odd.json()[k]) for k in ("contacts", "messages")] == [0, 0]
+        assert len(await found_contacts(first_id, "yzw")) == 1  # the rest is found
     # Found however far into a long text (NEAR reaches across it).
     far = await conv(owner, first_id, "4917000010", "2026-01-03T10:00:00Z",
                      content="x" * 60_000 + " zebra crossing")  # fmt: skip
@@ -692,21 +701,31 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
                 (SEARCH_PK_MASK + 1,),
             )
         )
+    with pytest.raises(sqlite3.IntegrityError, match="search index"):
+        store.write_sync(
+            lambda c: c.execute(
+                "INSERT INTO contacts (pk, id, account_pk, channel_pk, phone_number, name,"
+                " created_at, updated_at) VALUES (?, 'ct_past', 1, 1, '4917000099', 'Past', 0, 0)",
+                (SEARCH_PK_MASK + 1,),
+            )
+        )
     assert await found(edge) == [at_edge]
+    assert await found_contacts(edge, "zellwig") == [at_edge]
 
 
-@pytest.mark.parametrize("start", [16, 17])
-def test_migrating_to_v18_keys_each_message_by_its_channel_and_sorts_on_disk(
+@pytest.mark.parametrize("start", [16, 17, 18])
+def test_migrating_to_v19_keys_each_text_by_its_channel_and_sorts_on_disk(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, start: int
 ) -> None:
-    """A store of schema v16 or v17 with messages in two channels, written in time order (their
-    channels interleaved): v18 rebuilds the message index keyed channel first, then newest
-    message first, the text opened by the channel's token; from v16 it does so once (v17's
-    rebuild, which v18 redoes, is skipped, and the store goes from 16 to 18 in one transaction).
-    The migration's sort goes to temporary files (not memory), and the connection's own setting
-    comes back; its log line says what the long step does."""
+    """A store of schema v16, v17 or v18 with messages and contacts in two channels, written in
+    time order (their channels interleaved): v18 rebuilds the message index and v19 the contact
+    index keyed channel first, then newest first, each text opened by the channel's token; from
+    v16 the message index is rebuilt once (v17's rebuild, which v18 redoes, is skipped, and the
+    store goes from 16 to 18 in one transaction). The migrations' sorts go to temporary files
+    (not memory), and the connection's own setting comes back; their log lines say what the
+    long steps do."""
     from inboxd.errors import StoreError
-    from inboxd.store.conversations import message_channel_token
+    from inboxd.store.conversations import search_token
     from inboxd.store.db import db_path, migrate
     from inboxd.store.schema import MIGRATIONS, SEARCH_MAX_CHANNEL_PK, SEARCH_PK_MASK
 
@@ -719,7 +738,8 @@ def test_migrating_to_v18_keys_each_message_by_its_channel_and_sorts_on_disk(
         "  VALUES (1, 'ch_1', 1, 'One', 'WHATSAPP', 0), (2, 'ch_2', 1, 'Two', 'WHATSAPP', 0);"
         " INSERT INTO contacts (pk, id, account_pk, channel_pk, phone_number, name, avatar,"
         "  created_at, updated_at) VALUES (1, 'ct_1', 1, 1, '1', 'a', '', 0, 0),"
-        "  (2, 'ct_2', 1, 2, '2', 'b', '', 0, 0);"
+        "  (2, 'ct_2', 1, 2, '2', 'b', '', 0, 0), (3, 'ct_3', 1, 1, '4915100003', 'Ada Lovelace',"
+        "  '', 0, 0), (4, 'ct_4', 1, 2, '4915100004', 'Ada Byron', '', 0, 0);"
         " INSERT INTO conversations (pk, id, account_pk, channel_pk, contact_pk, status,"
         "  sort_at, created_at, updated_at) VALUES (1, 'conv_1', 1, 1, 1, 'OPEN', 0, 0, 0),"
         "  (2, 'conv_2', 1, 2, 2, 'OPEN', 0, 0, 0);"
@@ -769,22 +789,29 @@ def test_migrating_to_v18_keys_each_message_by_its_channel_and_sorts_on_disk(
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     with caplog.at_level("INFO", logger="inboxd.store"):
-        assert migrate(conn) == 18 - start
+        assert migrate(conn) == 19 - start
     conn.set_trace_callback(None)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 18
-    # One rebuild, in one transaction that also sets the version to 18.
-    assert sum("'optimize'" in s for s in statements) == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 19
+    # Each index rebuilt once, the message index in one transaction that also sets the version
+    # to 18 (from v16 too).
+    rebuilt = [s for s in statements if "'optimize'" in s]
+    assert len(rebuilt) == (1 if start == 18 else 2), rebuilt
     versions = [s.strip() for s in statements if "user_version =" in s]
-    assert versions == ["PRAGMA user_version = 18;"]
+    assert versions == [f"PRAGMA user_version = {n};" for n in range(max(start + 1, 18), 20)]
     notes = [str(getattr(r, "note", "")) for r in caplog.records]
     assert ("skipped: version 18 does it again" in notes) == (start == 16)
-    assert "rebuilds the message search index: about 35 s per million messages" in notes
+    assert ("rebuilds the message search index: about 35 s per million messages" in notes) == (
+        start < 18
+    )
+    assert "rebuilds the contact search index: about 20 s per million contacts" in notes
     # The rebuild ran with temporary files (set before its transaction began, undone after).
     begin = next(i for i, s in enumerate(statements) if "BEGIN IMMEDIATE" in s)
     assert "PRAGMA temp_store = FILE" in statements[:begin]
     assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY again
     # One segment: the rebuild merged what it wrote.
-    assert conn.execute("SELECT count(DISTINCT segid) FROM messages_fts_idx").fetchone()[0] == 1
+    for table in ("messages_fts", "contacts_fts") if start < 18 else ("contacts_fts",):
+        segments = conn.execute(f"SELECT count(DISTINCT segid) FROM {table}_idx").fetchone()[0]
+        assert segments == 1, table
     pk_of = f"{SEARCH_PK_MASK} - (rowid & {SEARCH_PK_MASK})"
     keys = [
         (r[0] >> 40, r[1])
@@ -794,12 +821,41 @@ def test_migrating_to_v18_keys_each_message_by_its_channel_and_sorts_on_disk(
     ]
     assert keys == [(1, 5), (1, 3), (1, 1), (2, 6), (2, 4), (2, 2)]
     for channel, expected in ((1, [5, 3, 1]), (2, [6, 4, 2])):
-        token = message_channel_token(channel)
+        token = search_token(channel)
         found = conn.execute(
             f"SELECT {pk_of} FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid",
             (f'NEAR("REFUND" "{token}", 99)',),
         ).fetchall()
         assert [r[0] for r in found] == expected
+    # Contacts: keyed the same way, found NEAR their channel's token, in name and phone number.
+    contact_keys = [(r[0] >> 40, r[1]) for r in conn.execute(
+        f"SELECT rowid, {pk_of} FROM contacts_fts ORDER BY rowid")]  # fmt: skip
+    assert contact_keys == [(1, 3), (1, 1), (2, 4), (2, 2)]
+
+    def contacts_found(channel: int, column: str, text: str) -> list[int]:
+        query = f'{column} : NEAR("{text}" "{search_token(channel)}", 99)'
+        return [
+            r[0]
+            for r in conn.execute(
+                f"SELECT {pk_of} FROM contacts_fts WHERE contacts_fts MATCH ? ORDER BY rowid",
+                (query,),
+            )
+        ]
+
+    assert contacts_found(1, "name", "ada") == [3] and contacts_found(2, "name", "ada") == [4]
+    assert contacts_found(1, "phone_number", "4915") == [3]
+    assert contacts_found(1, "name", "4915") == []
+    # A contact's new name replaces its old one in the index (the update trigger deletes the
+    # row with exactly what was indexed).
+    conn.execute("UPDATE contacts SET name = 'Grace Hopper' WHERE pk = 3")
+    assert contacts_found(1, "name", "hopper") == [3]
+    assert contacts_found(1, "name", "lovelace") == []
+    assert (
+        conn.execute(
+            "INSERT INTO contacts_fts(contacts_fts, rank) VALUES ('integrity-check', 1)"
+        ).fetchall()
+        == []
+    )
     # New messages get keys the same way.
     conn.execute(
         "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction, type,"
@@ -817,6 +873,47 @@ def test_migrating_to_v18_keys_each_message_by_its_channel_and_sorts_on_disk(
             " 'TEXT', 0, 'refund eight', 0)",
             (SEARCH_MAX_CHANNEL_PK + 1,),
         )
+
+
+def test_a_contact_update_works_after_another_connection_changed_the_schema(
+    tmp_path: Path,
+) -> None:
+    """A connection whose schema another has just changed (a migration, a CLI's ANALYZE) updates
+    a contact at once. SQLite compiles a table's triggers newest first; with the search index's
+    trigger newer than conversation_wire_contact, the first UPDATE of a connection that had not
+    used the index yet failed with "no such table: contacts" (schema v19 keeps the index's
+    trigger the older)."""
+    from inboxd.store import accounts, messages
+    from inboxd.store.db import db_path
+
+    data = tmp_path / "data"
+    store = Store.open(data, create=True, readers=1)
+    owner = store.write_sync(accounts.create_account, "o@example.com", "O", 0)
+    who = store.read_sync(accounts.authenticate, owner.api_key)
+    assert who is not None
+    channel = store.write_sync(
+        lambda c: accounts.create_channel(c, who.account_pk, "S", "WHATSAPP", 0)
+    )
+    new = messages.NewMessage(channel_id=channel.id, direction="INBOUND",
+                              phone_number="4915100001", contact_name="Ada Lovelace",
+                              contact_avatar=None, type="TEXT", content="hello")  # fmt: skip
+    store.write_sync(messages.ingest, who, new, 1)
+    store.close()
+    other = sqlite3.connect(db_path(data), isolation_level=None)
+    for change in ("CREATE TABLE elsewhere (a)", "ANALYZE", "DROP TABLE elsewhere"):
+        store = Store.open(data, readers=1)  # connections that have not used the index
+        try:
+            store.read_sync(lambda c: c.execute("SELECT name FROM contacts").fetchall())
+            other.execute(change)
+            name = f"Ada {change.split()[0].title()}"
+            store.write_sync(
+                lambda c, n: c.execute("UPDATE contacts SET name = ? WHERE pk = 1", (n,)), name
+            )
+            got = store.read_sync(conversations.search, who, channel.id, name, 50)
+            assert json.loads(got.contacts)[0]["contact"]["name"] == name
+        finally:
+            store.close()
+    other.close()
 
 
 async def test_stored_conversation_json_follows_contact_assignee_and_channel(

@@ -267,19 +267,22 @@ class SearchResult:
     messages: bytes
 
 
-# The trigram indexes drive each search, newest first (FTS5 walks rowids in either direction);
-# CROSS JOIN keeps SQLite from looping over the channel's rows and probing the index once per
-# row. The caller stops reading once it has a page, so a common word costs what a page costs, in
-# a small channel as in a large one. Contacts: the query asks for the text AND the channel's
-# token (schema v8). Messages: for the text NEAR the channel's token that opens each indexed
-# text, its rowids one range per channel (schema v17), so FTS5 walks the text's trigrams and the
-# token together inside the channel's part of the index: a phrase that matches nothing costs
-# what the channel holds, not what the store holds. A channel's rowids count down from its
-# newest message (schema v18), so FTS5 reads newest first forwards, its faster direction.
+# The trigram indexes drive each search, newest first; CROSS JOIN keeps SQLite from looping over
+# the channel's rows and probing the index once per row. The caller stops reading once it has a
+# page, so a common word costs what a page costs, in a small channel as in a large one. Each
+# indexed text (a message's, a contact's name and phone number) opens with its channel's token,
+# and each row's rowid starts with its channel (schema v17 for messages, v19 for contacts): a
+# search asks for the text NEAR that token in the channel's range of rowids, so FTS5 walks the
+# text's trigrams and the token together inside the channel's part of the index, and a phrase
+# that matches nothing costs what the channel holds, not what the store holds. A channel's
+# rowids count down from its newest row (schema v18, v19), so FTS5 reads newest first forwards,
+# its faster direction (it reads a list backwards by decoding each page forwards first).
 CONTACT_MATCHES_SQL: Final = (
-    "SELECT c.pk FROM contacts_fts f CROSS JOIN contacts ct ON ct.pk = f.rowid"
+    "SELECT c.pk FROM contacts_fts f"
+    f" CROSS JOIN contacts ct ON ct.pk = {SEARCH_PK_MASK} - (f.rowid & {SEARCH_PK_MASK})"
     " CROSS JOIN conversations c ON c.contact_pk = ct.pk"
-    " WHERE contacts_fts MATCH ? AND ct.channel_pk = ? ORDER BY f.rowid DESC"
+    " WHERE contacts_fts MATCH ? AND f.rowid BETWEEN ? AND ? AND ct.channel_pk = ?"
+    " ORDER BY f.rowid"
 )
 MESSAGE_MATCHES_SQL: Final = (
     "SELECT m.conversation_pk FROM messages_fts f"
@@ -291,14 +294,14 @@ MESSAGE_MATCHES_SQL: Final = (
 _ANYWHERE: Final = 2**31 - 1
 
 
-def message_search_range(channel_pk: int) -> tuple[int, int]:
-    """The first and last rowid of a channel's rows in messages_fts (schema v17, v18)."""
+def search_range(channel_pk: int) -> tuple[int, int]:
+    """The first and last rowid of a channel's rows in messages_fts and contacts_fts."""
     first = channel_pk << SEARCH_CHANNEL_SHIFT
     return first, first | SEARCH_PK_MASK
 
 
-def message_channel_token(channel_pk: int) -> str:
-    """The channel's token opening each of its texts in messages_fts
+def search_token(channel_pk: int) -> str:
+    """The channel's token opening each of its texts in the search indexes
     (schema.MESSAGE_TOKEN_SQL, in Python)."""
     return (
         chr(MESSAGE_TOKEN_MARK)
@@ -312,13 +315,10 @@ def _holds_token_characters(text: str) -> bool:
     return chr(MESSAGE_TOKEN_MARK) in text or chr(MESSAGE_TOKEN_STAND_IN) in text
 
 
-def channel_token(channel_pk: int) -> str:
-    """The channel's token in the search indexes (schema.CHANNEL_TOKEN_SQL, in Python)."""
-    return (
-        chr(0xE000 + (channel_pk // 4096) % 4096)
-        + chr(0xE000 + (channel_pk // 64) % 64)
-        + chr(0xE000 + channel_pk % 64)
-    )
+def _near_token(phrases: list[str], token: str, column: str = "") -> str:
+    """Any of ``phrases`` NEAR the channel's token, in ``column`` if given (FTS5's syntax)."""
+    where = f"{column} : " if column else ""
+    return " OR ".join(f"{where}NEAR({phrase} {token}, {_ANYWHERE})" for phrase in phrases)
 
 
 # The fewest rows asked of SQLite at once (Python's per-call cost).
@@ -374,12 +374,6 @@ def _any_form(typed: str) -> tuple[int, list[str]]:
     return len(composed), forms
 
 
-def _either(phrases: list[str]) -> str:
-    """FTS5 phrases OR'd together."""
-    joined = " OR ".join(phrases)
-    return joined if len(phrases) == 1 else f"({joined})"
-
-
 def search(
     conn: sqlite3.Connection, who: Principal, channel_id: str, query: str, limit: int
 ) -> SearchResult:
@@ -393,31 +387,26 @@ def search(
     channel = visible_channel(conn, who, channel_id)
     text = query.strip()
     length, forms = _any_form(text)
-    if length < MIN_QUERY_LEN or not forms:
-        return SearchResult(
-            contacts=load_json(conn, []),
-            messages=load_json(conn, []),
-        )
-    in_channel = f"channel : {_phrase(channel_token(channel.pk))}"
-    contact_match = f"name : {_either([_phrase(form) for form in forms])}"
+    # (A query holding the tokens' mark or its stand-in could match what opens a text.)
+    if length < MIN_QUERY_LEN or not forms or _holds_token_characters(text):
+        return SearchResult(contacts=load_json(conn, []), messages=load_json(conn, []))
+    token = _phrase(search_token(channel.pk))
+    in_channel = (*search_range(channel.pk), channel.pk)
+    phrases = [_phrase(form) for form in forms]
+    contact_match = _near_token(phrases, token, "name")
     digits = re.sub(r"[^0-9]", "", text)
     if _PHONE_LIKE.match(text) and len(digits) >= MIN_QUERY_LEN:
-        contact_match += f" OR phone_number : {_phrase(digits)}"
+        contact_match += " OR " + _near_token([_phrase(digits)], token, "phone_number")
     contact_pks = _first_distinct(
-        conn, CONTACT_MATCHES_SQL, (f"({contact_match}) AND {in_channel}", channel.pk), limit, set()
+        conn, CONTACT_MATCHES_SQL, (contact_match, *in_channel), limit, set()
     )
-    message_pks: list[int] = []
-    # (A query holding the tokens' mark or its stand-in could match what opens a text.)
-    if not _holds_token_characters(text):
-        token = _phrase(message_channel_token(channel.pk))
-        near = " OR ".join(f"NEAR({_phrase(form)} {token}, {_ANYWHERE})" for form in forms)
-        message_pks = _first_distinct(
-            conn,
-            MESSAGE_MATCHES_SQL,
-            (near, *message_search_range(channel.pk), channel.pk),
-            limit,
-            set(contact_pks),
-        )
+    message_pks = _first_distinct(
+        conn,
+        MESSAGE_MATCHES_SQL,
+        (_near_token(phrases, token), *in_channel),
+        limit,
+        set(contact_pks),
+    )
     return SearchResult(
         contacts=load_json(conn, contact_pks),
         messages=load_json(conn, message_pks),
