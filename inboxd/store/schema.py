@@ -736,6 +736,18 @@ def _indexed(pk: str, text: str) -> str:
     )
 
 
+def _search_key(row: str) -> str:
+    """SQL for a row's rowid in a search index since v18: its channel, then newest first."""
+    return f"({row}channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - {row}pk)"
+
+
+def _keys_fit(what: str) -> str:
+    """A trigger's guard: a new row that no search key has room for is refused."""
+    return f"""SELECT RAISE(ABORT, '{what} key past the search index''s range')
+        WHERE new.pk NOT BETWEEN 0 AND {SEARCH_PK_MASK}
+           OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};"""
+
+
 _V17: Final = f"""
 -- A message search reads its channel's part of the index alone. Since v8 a search asked for the
 -- text AND the channel's token in a column of its own. FTS5 finds a phrase's rows by walking its
@@ -761,9 +773,7 @@ INSERT INTO messages_fts(rowid, content)
 INSERT INTO messages_fts(messages_fts) VALUES ('optimize');
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
 WHEN new.is_system = 0 AND new.content IS NOT NULL AND new.content <> '' BEGIN
-    SELECT RAISE(ABORT, 'message key past the search index''s range')
-        WHERE new.pk NOT BETWEEN 0 AND {SEARCH_PK_MASK}
-           OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};
+    {_keys_fit("message")}
     INSERT INTO messages_fts(rowid, content) VALUES (
         (new.channel_pk << {SEARCH_CHANNEL_SHIFT}) | new.pk,
         {_indexed("new.channel_pk", "new.content")}
@@ -777,28 +787,25 @@ _V18: Final = f"""
 -- message pk (v17) it walked every list backwards. Now a channel's rows count down from its
 -- newest message (SEARCH_PK_MASK above), so newest first is rowid order. A phrase that matches
 -- nothing in the largest channel of 10M messages (1.54M of them) walked its part of the index in
--- 42-47 ms (p99 of bench http's ten queries 66 ms); now 28-37 ms (p99 31-36 ms). FTS5 writes out what it holds each time the rowid goes down, now at
--- each message of a channel after the first in one transaction: for the index alone that is
--- 70 against 30 us a message in batches of 50, lost in the rest of a write (an ingest in such
--- batches took 315 against 308 us a message, a transaction of one 950 us either way).
+-- 42-47 ms (p99 of bench http's ten queries 66 ms); now 28-37 ms (p99 31-36 ms). FTS5 writes
+-- out what it holds each time the rowid goes down, now at each message of a channel after the
+-- first in one transaction: for the index alone that is 70 against 30 us a message in batches
+-- of 50, lost in the rest of a write (an ingest in such batches took 315 against 308 us a
+-- message, a transaction of one 950 us either way).
 DROP TRIGGER messages_fts_insert;
 DROP TABLE messages_fts;
 CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='', tokenize='trigram');
 INSERT INTO messages_fts(rowid, content)
-    SELECT (channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - pk),
-        {_indexed("channel_pk", "content")}
+    SELECT {_search_key("")}, {_indexed("channel_pk", "content")}
     FROM messages
     WHERE is_system = 0 AND content IS NOT NULL AND content <> ''
     ORDER BY channel_pk, pk DESC;
 INSERT INTO messages_fts(messages_fts) VALUES ('optimize');
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
 WHEN new.is_system = 0 AND new.content IS NOT NULL AND new.content <> '' BEGIN
-    SELECT RAISE(ABORT, 'message key past the search index''s range')
-        WHERE new.pk NOT BETWEEN 0 AND {SEARCH_PK_MASK}
-           OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};
+    {_keys_fit("message")}
     INSERT INTO messages_fts(rowid, content) VALUES (
-        (new.channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - new.pk),
-        {_indexed("new.channel_pk", "new.content")}
+        {_search_key("new.")}, {_indexed("new.channel_pk", "new.content")}
     );
 END;
 """
@@ -818,31 +825,27 @@ CREATE VIRTUAL TABLE contacts_fts USING fts5(
     name, phone_number, content='', tokenize='trigram'
 );
 INSERT INTO contacts_fts(rowid, name, phone_number)
-    SELECT (channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - pk),
+    SELECT {_search_key("")},
         {_indexed("channel_pk", "name")}, {_indexed("channel_pk", "phone_number")}
     FROM contacts
     ORDER BY channel_pk, pk DESC;
 INSERT INTO contacts_fts(contacts_fts) VALUES ('optimize');
 CREATE TRIGGER contacts_fts_insert AFTER INSERT ON contacts BEGIN
-    SELECT RAISE(ABORT, 'contact key past the search index''s range')
-        WHERE new.pk NOT BETWEEN 0 AND {SEARCH_PK_MASK}
-           OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};
+    {_keys_fit("contact")}
     INSERT INTO contacts_fts(rowid, name, phone_number) VALUES (
-        (new.channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - new.pk),
+        {_search_key("new.")},
         {_indexed("new.channel_pk", "new.name")}, {_indexed("new.channel_pk", "new.phone_number")}
     );
 END;
 CREATE TRIGGER contacts_fts_update AFTER UPDATE OF pk, name, phone_number, channel_pk ON contacts
 BEGIN
-    SELECT RAISE(ABORT, 'contact key past the search index''s range')
-        WHERE new.pk NOT BETWEEN 0 AND {SEARCH_PK_MASK}
-           OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};
+    {_keys_fit("contact")}
     INSERT INTO contacts_fts(contacts_fts, rowid, name, phone_number) VALUES (
-        'delete', (old.channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - old.pk),
+        'delete', {_search_key("old.")},
         {_indexed("old.channel_pk", "old.name")}, {_indexed("old.channel_pk", "old.phone_number")}
     );
     INSERT INTO contacts_fts(rowid, name, phone_number) VALUES (
-        (new.channel_pk << {SEARCH_CHANNEL_SHIFT}) | ({SEARCH_PK_MASK} - new.pk),
+        {_search_key("new.")},
         {_indexed("new.channel_pk", "new.name")}, {_indexed("new.channel_pk", "new.phone_number")}
     );
 END;
