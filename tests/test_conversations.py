@@ -580,6 +580,31 @@ async def test_search_in_a_small_channel_sees_only_its_matches_and_survives_a_re
     assert await search() == ([], list(reversed(mine)))
 
 
+async def test_search_keeps_the_newest_matches_when_the_limit_cuts(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    """More matches than the limit: each list keeps the conversations with the newest matching
+    messages and the newest matching contacts, which the index yields first (schema v18, v19:
+    a channel's rows newest first), not the oldest re-sorted."""
+    made = [
+        await conv(
+            owner,
+            seeded.sales_id,
+            f"4916000{i}",
+            f"2026-02-0{i + 1}T10:00:00Z",
+            content=f"quokka parcel {i}",
+            contact={"name": f"Quill Aster {i}"},
+        )
+        for i in range(5)
+    ]
+    for query, key in (("quokka", "messages"), ("quill", "contacts")):
+        got = await owner.get(
+            SEARCH, params={"channelId": seeded.sales_id, "query": query, "limit": 2}
+        )
+        assert got.status_code == 200, got.text
+        assert [c["id"] for c in got.json()[key]] == [made[4], made[3]], query
+
+
 async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
     owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
@@ -619,6 +644,7 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
 
     async def found_contacts(channel: str, query: str) -> list[str]:
         got = await owner.get(SEARCH, params={"channelId": channel, "query": query})
+        assert got.status_code == 200, got.text
         return [c["id"] for c in got.json()["contacts"]]
 
     assert await found(edge) == [at_edge]
@@ -727,7 +753,13 @@ def test_migrating_to_v19_keys_each_text_by_its_channel_and_sorts_on_disk(
     from inboxd.errors import StoreError
     from inboxd.store.conversations import search_token
     from inboxd.store.db import db_path, migrate
-    from inboxd.store.schema import MIGRATIONS, SEARCH_MAX_CHANNEL_PK, SEARCH_PK_MASK
+    from inboxd.store.schema import (
+        MIGRATIONS,
+        SEARCH_MAX_CHANNEL_PK,
+        SEARCH_PK_MASK,
+        _indexed,
+        _search_key,
+    )
 
     conn = sqlite3.connect(db_path(tmp_path), isolation_level=None)
     for number, script in enumerate(MIGRATIONS[:start], start=1):
@@ -845,17 +877,30 @@ def test_migrating_to_v19_keys_each_text_by_its_channel_and_sorts_on_disk(
     assert contacts_found(1, "name", "ada") == [3] and contacts_found(2, "name", "ada") == [4]
     assert contacts_found(1, "phone_number", "4915") == [3]
     assert contacts_found(1, "name", "4915") == []
-    # A contact's new name replaces its old one in the index (the update trigger deletes the
-    # row with exactly what was indexed).
-    conn.execute("UPDATE contacts SET name = 'Grace Hopper' WHERE pk = 3")
+    # A contact's new name and phone number replace the old ones in the index: the update
+    # trigger deletes the row with exactly what was indexed, so the index holds what one built
+    # afresh from the table holds, every trigram at its place ("ace", the old name's end, is
+    # gone too).
+    conn.execute("UPDATE contacts SET name = 'Bob Hopper' WHERE pk = 3")
+    conn.execute("UPDATE contacts SET phone_number = '4930777' WHERE pk = 4")
     assert contacts_found(1, "name", "hopper") == [3]
-    assert contacts_found(1, "name", "lovelace") == []
-    assert (
-        conn.execute(
-            "INSERT INTO contacts_fts(contacts_fts, rank) VALUES ('integrity-check', 1)"
-        ).fetchall()
-        == []
+    assert contacts_found(1, "name", "ace") == []
+    assert contacts_found(2, "phone_number", "4930") == [4]
+    assert contacts_found(2, "phone_number", "004") == []
+    conn.executescript(
+        "CREATE VIRTUAL TABLE temp.fresh USING fts5(name, phone_number, content='',"
+        "  tokenize='trigram');"
+        f" INSERT INTO temp.fresh(rowid, name, phone_number) SELECT {_search_key('')},"
+        f"  {_indexed('channel_pk', 'name')}, {_indexed('channel_pk', 'phone_number')}"
+        "  FROM contacts;"
+        " CREATE VIRTUAL TABLE temp.kept_terms USING fts5vocab(main, contacts_fts, instance);"
+        " CREATE VIRTUAL TABLE temp.fresh_terms USING fts5vocab(temp, fresh, instance);"
     )
+    kept, fresh = (
+        conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3, 4").fetchall()
+        for t in ("temp.kept_terms", "temp.fresh_terms")
+    )
+    assert kept == fresh and len(kept) > 50
     # New messages get keys the same way.
     conn.execute(
         "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction, type,"

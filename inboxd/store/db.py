@@ -324,7 +324,8 @@ def _check_version(conn: sqlite3.Connection, allow_older: bool) -> None:
 
 
 def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the migrations this store has not had yet; return how many were applied."""
+    """Apply the migrations this store has not had yet; return how many versions it went up
+    (one skipped because a later one redoes it, schema.REDONE_BY, counts)."""
     _check_version(conn, allow_older=True)
     version = schema_version(conn)
     # A rebuild's sort (v17 sorts every message's text) spills to temporary files rather than

@@ -427,10 +427,10 @@ CREATE TRIGGER conversations_total_delete AFTER DELETE ON conversations BEGIN
 END;
 """
 
-# The one-trigram token that names a channel inside the search indexes: three private-use
-# characters (one per 12, 6 and 6 bits of the channel pk), so the trigram tokenizer makes exactly
-# one token of it and no text can collide with it. conversations.channel_token is the same in
-# Python; a test holds the two equal.
+# The one-trigram token that named a channel inside the search indexes from v8 (a column of its
+# own): three private-use characters (one per 12, 6 and 6 bits of the channel pk), so the
+# trigram tokenizer made exactly one token of it. Kept for v8's SQL: v17 and v19 replaced it
+# with MESSAGE_TOKEN_SQL (below), which opens each indexed text.
 CHANNEL_TOKEN_SQL: Final = (
     "char(57344 + ({pk} / 4096) % 4096, 57344 + ({pk} / 64) % 64, 57344 + {pk} % 64)"
 )
@@ -816,8 +816,8 @@ _V19: Final = f"""
 -- column's text is opened by the channel's token (MESSAGE_TOKEN_MARK above), so a search asks
 -- for the query NEAR that token in the column and walks the channel's part of the index alone,
 -- forwards. Since v8 it asked for the query AND the token in a column of its own, whose walk
--- went through the whole index for a rare pair of frequent names ("alan sato": 8-10 ms in every
--- channel on 1M contacts, growing with the store).
+-- went through the whole index for a rare pair of frequent names ("alan sato": 5.5-6.8 ms in
+-- every channel on 1M contacts, growing with the store; now 0.3-1.6 ms).
 DROP TRIGGER contacts_fts_insert;
 DROP TRIGGER contacts_fts_update;
 DROP TABLE contacts_fts;
@@ -849,10 +849,10 @@ BEGIN
         {_indexed("new.channel_pk", "new.name")}, {_indexed("new.channel_pk", "new.phone_number")}
     );
 END;
--- The index's trigger stays older than conversation_wire_contact, as since v8. SQLite (3.40 to
--- 3.51 at least) compiles a table's triggers newest first; where the newest inserts into an FTS5
--- table, the first UPDATE of a connection whose schema another connection has just changed
--- failed with "no such table: contacts" in the next trigger's subquery.
+-- The index's trigger stays older than conversation_wire_contact, as since v8. SQLite (3.40.1
+-- and 3.51.1, the two tried) compiles a table's triggers newest first; where the newest inserts
+-- into an FTS5 table, the first UPDATE of a connection whose schema another connection has just
+-- changed failed with "no such table: contacts" in the next trigger's subquery.
 DROP TRIGGER conversation_wire_contact;
 {_WIRE_CONTACT_TRIGGER}
 """
@@ -907,7 +907,6 @@ REDONE_BY: Final[dict[int, int]] = {17: 18}
 SLOW_MIGRATIONS: Final[dict[int, str]] = {
     8: "rebuilds both search indexes: minutes on a store of millions of messages",
     11: "stores each conversation's JSON: about 20 s per million conversations",
-    17: "rebuilds the message search index: about 35 s per million messages",
     18: "rebuilds the message search index: about 35 s per million messages",
     19: "rebuilds the contact search index: about 20 s per million contacts",
 }
