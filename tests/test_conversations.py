@@ -921,7 +921,7 @@ def test_migrating_to_v19_keys_each_text_by_its_channel_and_sorts_on_disk(
 
 
 def test_a_contact_update_works_after_another_connection_changed_the_schema(
-    tmp_path: Path,
+    seeded: Seed,
 ) -> None:
     """A connection whose schema another has just changed (a migration, a CLI's ANALYZE) updates
     a contact at once. SQLite compiles a table's triggers newest first; with the search index's
@@ -931,17 +931,10 @@ def test_a_contact_update_works_after_another_connection_changed_the_schema(
     from inboxd.store import accounts, messages
     from inboxd.store.db import db_path
 
-    data = tmp_path / "data"
-    store = Store.open(data, create=True, readers=1)
-    owner = store.write_sync(accounts.create_account, "o@example.com", "O", 0)
-    who = store.read_sync(accounts.authenticate, owner.api_key)
-    assert who is not None
-    channel = store.write_sync(
-        lambda c: accounts.create_channel(c, who.account_pk, "S", "WHATSAPP", 0)
-    )
-    new = messages.NewMessage(channel_id=channel.id, direction="INBOUND",
-                              phone_number="4915100001", contact_name="Ada Lovelace",
-                              contact_avatar=None, type="TEXT", content="hello")  # fmt: skip
+    data = seeded.data_dir
+    store = Store.open(data, readers=1)
+    who = store.read_sync(accounts.authenticate, seeded.owner_key)
+    new = arrange.inbound_text(seeded.sales_id, "4915100001", "hello", "Ada Lovelace")
     store.write_sync(messages.ingest, who, new, 1)
     store.close()
     other = sqlite3.connect(db_path(data), isolation_level=None)
@@ -954,7 +947,7 @@ def test_a_contact_update_works_after_another_connection_changed_the_schema(
             store.write_sync(
                 lambda c, n: c.execute("UPDATE contacts SET name = ? WHERE pk = 1", (n,)), name
             )
-            got = store.read_sync(conversations.search, who, channel.id, name, 50)
+            got = store.read_sync(conversations.search, who, seeded.sales_id, name, 50)
             assert json.loads(got.contacts)[0]["contact"]["name"] == name
         finally:
             store.close()
