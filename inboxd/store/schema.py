@@ -787,11 +787,12 @@ _V18: Final = f"""
 -- message pk (v17) it walked every list backwards. Now a channel's rows count down from its
 -- newest message (SEARCH_PK_MASK above), so newest first is rowid order. A phrase that matches
 -- nothing in the largest channel of 10M messages (1.54M of them) walked its part of the index in
--- 42-47 ms (p99 of bench http's ten queries 66 ms); now 28-37 ms (p99 31-36 ms). FTS5 writes
--- out what it holds each time the rowid goes down, now at each message of a channel after the
--- first in one transaction: for the index alone that is 70 against 30 us a message in batches
--- of 50, lost in the rest of a write (an ingest in such batches took 315 against 308 us a
--- message, a transaction of one 950 us either way).
+-- 42-47 ms (p99 of bench http's ten queries 66 ms); now 28-37 ms in a quiet phase of the
+-- machine (p99 31-55 ms with its phase). FTS5 writes out what it holds each time the rowid goes
+-- down, now at each message of a channel after the first in one transaction: for the index alone
+-- that is 70 against 30 us a message in batches of 50, lost in the rest of a write (timed by
+-- hand: an ingest in such batches took 315 against 308 us a message, one alone 950 us either
+-- way).
 DROP TRIGGER messages_fts_insert;
 DROP TABLE messages_fts;
 CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='', tokenize='trigram');
