@@ -704,6 +704,9 @@ async def test_search_keys_keep_each_channel_apart_up_to_the_last_key(
         odd = await owner.get(SEARCH, params={"channelId": first_id, "query": f"x{odd_char}y"})
         assert [len(odd.json()[k]) for k in ("contacts", "messages")] == [0, 0]
         assert len(await found_contacts(first_id, "yzw")) == 1  # the rest is found
+    # Above all the channel's own token, which opens every text of the channel.
+    own = await owner.get(SEARCH, params={"channelId": first_id, "query": search_token(1)})
+    assert own.json() == {"contacts": [], "messages": []}
     # Found however far into a long text (NEAR reaches across it).
     far = await conv(owner, first_id, "4917000010", "2026-01-03T10:00:00Z",
                      content="x" * 60_000 + " zebra crossing")  # fmt: skip
@@ -811,10 +814,14 @@ def test_migrating_to_v19_keys_each_text_by_its_channel_and_sorts_on_disk(
         " VALUES (?, 'ch_far', 1, 'Far', 'WHATSAPP', 0)",
         (SEARCH_MAX_CHANNEL_PK + 1,),
     )
-    with pytest.raises(
-        StoreError, match=f"cannot take schema version {start + 1}: it holds a channel pk"
+    with (
+        caplog.at_level("INFO", logger="inboxd.store"),
+        pytest.raises(
+            StoreError, match=f"cannot take schema version {start + 1}: it holds a channel pk"
+        ),
     ):
         migrate(conn)
+    assert not caplog.records  # no step logged that it would not make
     assert conn.execute("PRAGMA user_version").fetchone()[0] == start
     assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2 and not conn.in_transaction
     conn.execute("DELETE FROM channels WHERE id = 'ch_far'")
@@ -918,6 +925,29 @@ def test_migrating_to_v19_keys_each_text_by_its_channel_and_sorts_on_disk(
             " 'TEXT', 0, 'refund eight', 0)",
             (SEARCH_MAX_CHANNEL_PK + 1,),
         )
+
+
+def test_a_migration_step_that_fails_midway_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    """v19 fails on its last statement (the trigger it recreates is missing here), after it has
+    rebuilt the contact index: none of it is kept, the store stays at v18 with its v8-form index,
+    and the connection is out of its transaction."""
+    from inboxd.store.db import db_path, migrate
+    from inboxd.store.schema import MIGRATIONS
+
+    conn = sqlite3.connect(db_path(tmp_path), isolation_level=None)
+    for number, script in enumerate(MIGRATIONS[:18], start=1):
+        conn.executescript(f"BEGIN; {script}\nPRAGMA user_version = {number}; COMMIT;")
+    conn.execute("DROP TRIGGER conversation_wire_contact")
+
+    def index_columns() -> list[str]:
+        return [r[1] for r in conn.execute("PRAGMA table_info(contacts_fts)")]
+
+    assert index_columns() == ["name", "phone_number", "channel"]
+    with pytest.raises(sqlite3.OperationalError, match="no such trigger"):
+        migrate(conn)
+    assert not conn.in_transaction
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 18
+    assert index_columns() == ["name", "phone_number", "channel"]
 
 
 def test_a_contact_update_works_after_another_connection_changed_the_schema(

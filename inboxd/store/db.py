@@ -344,6 +344,10 @@ def migrate(conn: sqlite3.Connection) -> int:
 def _migrate_from(conn: sqlite3.Connection, version: int) -> int:
     applied = 0
     for number in range(version + 1, len(MIGRATIONS) + 1):
+        # Checked first: a store that cannot take a version logs no step it will not make.
+        check = MIGRATION_CHECKS.get(number)
+        if check is not None and (why := conn.execute(check).fetchone()[0]) is not None:
+            raise StoreError(f"this store cannot take schema version {number}: it holds {why}")
         redone = number in REDONE_BY  # (a migration runs to the last version)
         if version > 0:  # an existing store (a new one is built in a blink)
             extra: dict[str, object] = {
@@ -356,9 +360,6 @@ def _migrate_from(conn: sqlite3.Connection, version: int) -> int:
             elif number in SLOW_MIGRATIONS:
                 extra["note"] = SLOW_MIGRATIONS[number]
             log.info("migrating the store", extra=extra)
-        check = MIGRATION_CHECKS.get(number)
-        if check is not None and (why := conn.execute(check).fetchone()[0]) is not None:
-            raise StoreError(f"this store cannot take schema version {number}: it holds {why}")
         applied += 1
         if redone:  # the store goes past this version in the later one's transaction
             continue
