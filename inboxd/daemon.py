@@ -119,7 +119,8 @@ async def run(
     clock: Clock | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until ``shutdown`` is set. Reports the bound URLs when ready.
+    """Serve until ``shutdown`` is set. Reports the bound URLs when ready (none if ``shutdown``
+    came first: it stopped while it started).
 
     ``offload_store=False`` keeps SQLite on the trio thread and ``clock=TrioClock()`` makes wall
     time follow trio's clock; only tests on MockClock want those (see ``Store`` and clock.py).
@@ -136,6 +137,7 @@ async def run(
     channel_client = make_client(config.webhooks, max_connections=None)
     if offload_store:  # (not on MockClock tests: there every write stays on the trio thread)
         store.writer_process = WriterProcess(store.path)
+    started = False
     try:
         async with client, channel_client, trio.open_nursery() as nursery:
             if store.writer_process is not None:  # it imports while the rest starts
@@ -196,6 +198,7 @@ async def run(
                 await nursery.start(deliverer.run)
             log.info("listening", extra={"urls": urls, "data": str(data_dir)})
             task_status.started(urls)
+            started = True
     finally:
         with trio.CancelScope(shield=True):
             await _flush_key_usage(app_state)
@@ -204,3 +207,7 @@ async def run(
                 store.writer_process = None
         store.close()
         log.info("stopped")
+    if not started:
+        # Stopped while it started (a signal right after the API answered /readyz): a stop
+        # like any other, not a start that failed. No URL serves any more.
+        task_status.started([])

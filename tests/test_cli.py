@@ -11,11 +11,16 @@ import stat
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trio
+
+from inboxd import daemon
+from tests.conftest import Seed, test_config
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -332,3 +337,18 @@ def test_signals_stop_the_daemon_cleanly(tmp_path: Path, sig: signal.Signals) ->
     _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+async def test_a_stop_while_the_daemon_starts_is_a_clean_stop(seeded: Seed) -> None:
+    """A signal that comes while the daemon is still starting (the API already answers
+    /readyz, the mailer or the webhook hub not yet started) stops it like any other: ``run``
+    returns, and its caller's ``nursery.start`` with it. It raised "child exited without
+    calling task_status.started()" (the service then exited with status 1)."""
+    shutdown = trio.Event()
+    shutdown.set()  # before anything started
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(30):
+            urls = await nursery.start(
+                partial(daemon.run, seeded.data_dir, test_config(), shutdown, bind="127.0.0.1:0")
+            )
+    assert urls == []
