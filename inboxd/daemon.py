@@ -9,6 +9,7 @@
         ├── channel webhook hub: one supervisor per URL              (webhooks/channel.py)
         ├── mailer: sends the mail outbox after commit               (mailer.py)
         ├── page cache warm-up at start, when the store fits         (store/warm.py)
+        ├── search indexes of their own for large channels, hourly   (store/shards.py)
         └── housekeeping: lastUsedAt in batches, old Idempotency-Keys
 
 ``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
@@ -21,6 +22,7 @@ down with it.
 from __future__ import annotations
 
 import logging
+import time
 from functools import partial
 from pathlib import Path
 from typing import Final
@@ -36,7 +38,7 @@ from inboxd.config import Config
 from inboxd.feed import FeedHub
 from inboxd.logs import log_failure
 from inboxd.mailer import Mailer
-from inboxd.store import accounts, events, idempotency, warm, webhooks
+from inboxd.store import accounts, events, idempotency, shards, warm, webhooks
 from inboxd.store.db import Store
 from inboxd.store.writer import WriterProcess
 from inboxd.webhooks.channel import ChannelWebhookHub
@@ -48,6 +50,12 @@ log = logging.getLogger("inboxd.daemon")
 KEY_USAGE_FLUSH_SECONDS: Final = 30.0
 JOURNAL_PRUNE_BATCH: Final = 5_000
 FEED_PING_SECONDS: Final = 20.0
+# How often the daemon looks for channels due an index of their own (store/shards.py), the
+# first time a minute after it starts; and its pause between two steps of filling one, which
+# leaves the writer to the API's writes most of the time.
+SHARD_CHECK_SECONDS: Final = 3600.0
+SHARD_FIRST_CHECK_SECONDS: Final = 60.0
+SHARD_STEP_PAUSE_SECONDS: Final = 0.01
 
 
 def hypercorn_config(config: Config, bind: str) -> HyperConfig:
@@ -109,6 +117,49 @@ async def prune_journal(app_state: AppState) -> int:
     return total
 
 
+async def _search_shards(app_state: AppState) -> None:
+    await trio.sleep(SHARD_FIRST_CHECK_SECONDS)
+    while True:
+        try:
+            await maintain_search_shards(app_state.store, app_state.clock)
+        except Exception:  # searches still have the shared index: try again next time
+            log_failure(log, "could not make a channel's search index")
+        await trio.sleep(SHARD_CHECK_SECONDS)
+
+
+async def maintain_search_shards(
+    store: Store,
+    clock: Clock,
+    threshold: int = shards.SHARD_MESSAGES,
+    step_rows: int = shards.STEP_ROWS,
+) -> list[int]:
+    """Give each channel past ``threshold`` messages a search index of its own and fill the
+    unfinished ones, a step (one write) at a time with a pause between; returns the channels
+    whose index it made ready. The work survives a stop: the next run goes on from there."""
+    for channel_pk in await store.read(shards.due, threshold):
+        if await store.write(shards.start, channel_pk, clock.now_us()):
+            log.info(
+                "search index of its own: started",
+                extra={"channel": await store.read(shards.channel_id, channel_pk)},
+            )
+    made = []
+    for channel_pk in await store.read(shards.unfinished):
+        started, steps = time.monotonic(), 1
+        while await store.write(shards.step, channel_pk, clock.now_us(), step_rows):
+            steps += 1
+            await trio.sleep(SHARD_STEP_PAUSE_SECONDS)
+        log.info(
+            "search index of its own: ready",
+            extra={
+                "channel": await store.read(shards.channel_id, channel_pk),
+                "steps": steps,
+                "seconds": round(time.monotonic() - started, 1),
+            },
+        )
+        made.append(channel_pk)
+    return made
+
+
 async def run(
     data_dir: Path,
     config: Config,
@@ -163,6 +214,7 @@ async def run(
                 store.set_in_memory(False)  # reads leave the loop until the warm-up has looked
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
+            nursery.start_soon(_search_shards, app_state)
             nursery.start_soon(store.checkpoint_forever)
             if warming:
                 nursery.start_soon(

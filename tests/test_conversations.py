@@ -828,15 +828,17 @@ def test_migrating_to_v19_keys_each_text_by_its_channel_and_sorts_on_disk(
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     with caplog.at_level("INFO", logger="inboxd.store"):
-        assert migrate(conn) == 19 - start
+        assert migrate(conn) == len(MIGRATIONS) - start
     conn.set_trace_callback(None)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 19
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     # Each index rebuilt once, the message index in one transaction that also sets the version
     # to 18 (from v16 too).
     rebuilt = [s for s in statements if "'optimize'" in s]
     assert len(rebuilt) == (1 if start == 18 else 2), rebuilt
     versions = [s.strip() for s in statements if "user_version =" in s]
-    assert versions == [f"PRAGMA user_version = {n};" for n in range(max(start + 1, 18), 20)]
+    assert versions == [
+        f"PRAGMA user_version = {n};" for n in range(max(start + 1, 18), len(MIGRATIONS) + 1)
+    ]
     notes = [str(getattr(r, "note", "")) for r in caplog.records]
     assert ("skipped: version 18 does it again" in notes) == (start == 16)
     assert ("rebuilds the message search index: about 35 s per million messages" in notes) == (

@@ -13,7 +13,7 @@ import attrs
 
 from inboxd.errors import NotFound
 from inboxd.model import OPEN, Contact, Conversation, Counts, Principal, UserRef
-from inboxd.store import events
+from inboxd.store import events, shards
 from inboxd.store.accounts import visible_channel
 from inboxd.store.schema import (
     MESSAGE_TOKEN_BASE,
@@ -21,6 +21,7 @@ from inboxd.store.schema import (
     MESSAGE_TOKEN_STAND_IN,
     SEARCH_CHANNEL_SHIFT,
     SEARCH_PK_MASK,
+    message_shard_table,
 )
 
 _SELECT: Final = """
@@ -290,6 +291,20 @@ MESSAGE_MATCHES_SQL: Final = (
     " WHERE messages_fts MATCH ? AND f.rowid BETWEEN ? AND ? AND m.channel_pk = ?"
     " ORDER BY f.rowid"
 )
+
+
+def shard_matches_sql(channel_pk: int) -> str:
+    """MESSAGE_MATCHES_SQL for a channel with a message index of its own (store/shards.py):
+    the text alone, no token, no range (the index holds the channel's messages alone)."""
+    table = message_shard_table(channel_pk)
+    return (
+        f"SELECT m.conversation_pk FROM {table} f"
+        f" CROSS JOIN messages m ON m.pk = {SEARCH_PK_MASK} - (f.rowid & {SEARCH_PK_MASK})"
+        f" WHERE {table} MATCH ? AND m.channel_pk = ?"
+        " ORDER BY f.rowid"
+    )
+
+
 # NEAR's reach, in trigrams: any distance between the token and the text's match.
 _ANYWHERE: Final = 2**31 - 1
 
@@ -400,13 +415,13 @@ def search(
     contact_pks = _first_distinct(
         conn, CONTACT_MATCHES_SQL, (contact_match, *in_channel), limit, set()
     )
-    message_pks = _first_distinct(
-        conn,
-        MESSAGE_MATCHES_SQL,
-        (_near_token(phrases, token), *in_channel),
-        limit,
-        set(contact_pks),
-    )
+    if shards.has_ready_shard(conn, channel.pk):
+        message_sql = shard_matches_sql(channel.pk)
+        message_params: tuple[object, ...] = (" OR ".join(phrases), channel.pk)
+    else:
+        message_sql = MESSAGE_MATCHES_SQL
+        message_params = (_near_token(phrases, token), *in_channel)
+    message_pks = _first_distinct(conn, message_sql, message_params, limit, set(contact_pks))
     return SearchResult(
         contacts=load_json(conn, contact_pks),
         messages=load_json(conn, message_pks),

@@ -748,6 +748,27 @@ def _keys_fit(what: str) -> str:
            OR new.channel_pk NOT BETWEEN 0 AND {SEARCH_MAX_CHANNEL_PK};"""
 
 
+def _indexable(row: str) -> str:
+    """SQL: whether a message is one the search indexes hold (SYSTEM rows and empty text are
+    not)."""
+    return f"{row}is_system = 0 AND {row}content IS NOT NULL AND {row}content <> ''"
+
+
+def message_fts_trigger(own_index: tuple[int, ...] = ()) -> str:
+    """The trigger that puts each new message into messages_fts (v18), leaving out the channels
+    in ``own_index``, whose messages go to an index of their own (v20, store/shards.py)."""
+    elsewhere = (
+        f" AND new.channel_pk NOT IN ({', '.join(map(str, own_index))})" if own_index else ""
+    )
+    return f"""CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+WHEN {_indexable("new.")}{elsewhere} BEGIN
+    {_keys_fit("message")}
+    INSERT INTO messages_fts(rowid, content) VALUES (
+        {_search_key("new.")}, {_indexed("new.channel_pk", "new.content")}
+    );
+END;"""
+
+
 _V17: Final = f"""
 -- A message search reads its channel's part of the index alone. Since v8 a search asked for the
 -- text AND the channel's token in a column of its own. FTS5 finds a phrase's rows by walking its
@@ -802,13 +823,7 @@ INSERT INTO messages_fts(rowid, content)
     WHERE is_system = 0 AND content IS NOT NULL AND content <> ''
     ORDER BY channel_pk, pk DESC;
 INSERT INTO messages_fts(messages_fts) VALUES ('optimize');
-CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
-WHEN new.is_system = 0 AND new.content IS NOT NULL AND new.content <> '' BEGIN
-    {_keys_fit("message")}
-    INSERT INTO messages_fts(rowid, content) VALUES (
-        {_search_key("new.")}, {_indexed("new.channel_pk", "new.content")}
-    );
-END;
+{message_fts_trigger()}
 """
 
 _V19: Final = f"""
@@ -858,6 +873,73 @@ DROP TRIGGER conversation_wire_contact;
 {_WIRE_CONTACT_TRIGGER}
 """
 
+_V20: Final = """
+-- A channel past some size gets a message search index of its own (store/shards.py): its
+-- searches then walk their text's trigrams alone, not with the channel's token as well, whose
+-- list (a row each) made up about 40 % of a walk through messages_fts. A row for each such
+-- channel: its index (message_shard_<channel pk>) and that index's trigger take the channel's
+-- messages from ``indexed_from`` on; the messages before it go in by steps, newest first, down to
+-- ``filled_below``. Once they are all in (``ready_at``), searches read it and messages_fts takes
+-- no more of the channel's messages (its trigger leaves them out). This migration adds the table
+-- alone: the daemon fills an index in the background, a step at a time.
+CREATE TABLE message_shards (
+    channel_pk    INTEGER PRIMARY KEY REFERENCES channels(pk),
+    indexed_from  INTEGER NOT NULL,
+    filled_below  INTEGER NOT NULL,
+    created_at    INTEGER NOT NULL,
+    ready_at      INTEGER
+);
+"""
+
+
+def message_shard_table(channel_pk: int) -> str:
+    """The name of a channel's own message search index (v20)."""
+    return f"message_shard_{int(channel_pk)}"
+
+
+def _shard_text(text: str) -> str:
+    """SQL for what a channel's own index holds of a text: the text, its marks as the stand-in
+    (as in messages_fts, so that every query finds there what it found there), no token."""
+    return f"replace({text}, char({MESSAGE_TOKEN_MARK}), char({MESSAGE_TOKEN_STAND_IN}))"
+
+
+def message_shard_sql(channel_pk: int, indexed_from: int) -> tuple[str, str]:
+    """The statements that make a channel's own message search index (v20): the FTS5 table, and
+    the trigger that puts the channel's new messages into it, from the pk ``indexed_from`` on.
+    Its rowids are messages_fts's (SEARCH_CHANNEL_SHIFT above), so a search reads it newest
+    first, forwards, as it reads messages_fts."""
+    table = message_shard_table(channel_pk)
+    pk = int(channel_pk)
+    return (
+        f"CREATE VIRTUAL TABLE {table} USING fts5(content, content='', tokenize='trigram')",
+        f"""CREATE TRIGGER {table}_insert AFTER INSERT ON messages
+WHEN new.channel_pk = {pk} AND new.pk >= {int(indexed_from)} AND {_indexable("new.")} BEGIN
+    {_keys_fit("message")}
+    INSERT INTO {table}(rowid, content) VALUES ({_search_key("new.")}, {_shard_text("new.content")});
+END""",
+    )
+
+
+def message_shard_fill_sql(channel_pk: int) -> str:
+    """SQL putting the channel's messages with a pk in [?2, ?1) into its own index, newest
+    first (its rowid order: FTS5 writes out what it holds each time the rowid goes down)."""
+    return (
+        f"INSERT INTO {message_shard_table(channel_pk)}(rowid, content)"
+        f" SELECT {_search_key('')}, {_shard_text('content')} FROM messages"
+        f" WHERE pk < ?1 AND pk >= ?2 AND channel_pk = {int(channel_pk)} AND {_indexable('')}"
+        " ORDER BY pk DESC"
+    )
+
+
+def message_shard_step_sql(channel_pk: int) -> str:
+    """SQL: the pk of the channel's ?3-th indexable message below the pk ?1 and at or above ?2,
+    counting down (NULL: fewer than that)."""
+    return (
+        f"SELECT pk FROM messages WHERE pk < ?1 AND pk >= ?2 AND channel_pk = {int(channel_pk)}"
+        f" AND {_indexable('')} ORDER BY pk DESC LIMIT 1 OFFSET ?3 - 1"
+    )
+
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -878,6 +960,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V17,
     _V18,
     _V19,
+    _V20,
 )
 
 # What a store must hold for a migration to apply: SQL giving NULL when it may, else why not.
