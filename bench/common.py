@@ -8,6 +8,7 @@ import platform
 import resource
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,10 @@ from typing import Any
 
 import httpx
 
+from inboxd.store import shards
+from inboxd.store.db import Store, db_path
 from inboxd.store.warm import meminfo
+from inboxd.timeutil import now_us
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,3 +186,29 @@ def child_pid(pid: int, marker: bytes) -> int | None:
         if ppid == pid and marker in cmdline:
             return int(entry.name)
     return None
+
+
+def search_shards_up_to_date(data: Path) -> list[int]:
+    """Give each channel past the size line its own message search index, filled, before
+    anything is measured (store/shards.py): the daemon would do it in the background, a step at
+    a time, while the benchmark ran. Prints progress; returns the channels it made ready."""
+    Store.open(data, readers=1).close()  # migrated first
+    conn = sqlite3.connect(db_path(data), isolation_level=None)
+    started = time.perf_counter()
+
+    def progress(channel_pk: int, below: int, top: int) -> None:
+        print(
+            f"\r  search index of its own for channel {channel_pk}:"
+            f" {1 - below / max(top, 1):.0%}, {time.perf_counter() - started:.0f} s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    try:
+        made = shards.bring_up_to_date(conn, now_us, progress=progress)
+    finally:
+        conn.close()
+    if made:
+        print(file=sys.stderr)
+    return made

@@ -36,9 +36,9 @@ from typing import Any
 
 import httpx
 
-from bench.common import daemon_metric, loop_disk_waits, report, timed
+from bench.common import daemon_metric, loop_disk_waits, report, search_shards_up_to_date, timed
 from bench.feed import free_port, start, wait_http
-from inboxd.store import accounts, actions, conversations, messages
+from inboxd.store import accounts, actions, conversations, messages, shards
 from inboxd.store.db import Store, WriteRequest, db_path, run_batch, writer_connection
 from inboxd.store.warm import read_through
 
@@ -497,7 +497,13 @@ def search_latency(data: Path, ids: dict[str, Any], rounds: int = 15) -> dict[st
                 per_query[query] = max(mine)
                 times += mine
             times.sort()
+            channel_pk = store.read_sync(
+                lambda c, i: c.execute("SELECT pk FROM channels WHERE id = ?", (i,)).fetchone()[0],
+                channel,
+            )
             out[size] = {
+                # Searched in an index of its own (store/shards.py), else in the shared one.
+                "own_index": store.read_sync(shards.has_ready_shard, channel_pk),
                 "p50_ms": times[len(times) // 2],
                 "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))],
                 "slowest_ms_by_query": per_query,
@@ -591,6 +597,7 @@ def write_floor_us(
 
 def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
+    search_shards_up_to_date(data)
     ids = pick(data)
     driver = args.driver
     if driver == "auto":
@@ -814,7 +821,9 @@ def run(args: argparse.Namespace) -> int:
             (
                 f"search p50 / p99, {size} channel",
                 f"{figures['p50_ms']:.1f} / {figures['p99_ms']:.1f} ms",
-                f"{conversations_in_it:,} conversations; one query at a time, store level;"
+                f"{conversations_in_it:,} conversations"
+                f"{', its own index' if figures['own_index'] else ''};"
+                " one query at a time, store level;"
                 f" slowest first run {figures['slowest_first_run_ms']:.1f} ms;"
                 f" p99 {mark(f'search p99, {size} channel')}",
             )
