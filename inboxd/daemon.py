@@ -128,15 +128,18 @@ async def _search_shards(app_state: AppState) -> None:
 
 
 async def maintain_search_shards(
-    store: Store,
-    clock: Clock,
-    threshold: int = shards.SHARD_MESSAGES,
-    step_rows: int = shards.STEP_ROWS,
+    store: Store, clock: Clock, threshold: int | None = None, step_rows: int | None = None
 ) -> list[int]:
-    """Give each channel past ``threshold`` messages a search index of its own and fill the
-    unfinished ones, a step (one write) at a time with a pause between; returns the channels
-    whose index it made ready. The work survives a stop: the next run goes on from there."""
-    for channel_pk in await store.read(shards.due, threshold):
+    """Give each channel past ``threshold`` messages (shards.SHARD_MESSAGES) a search index of
+    its own and fill the unfinished ones, a step (one write, ``step_rows`` messages:
+    shards.STEP_ROWS) at a time with a pause between; returns the channels whose index it made
+    ready. The work survives a stop: the next run goes on from there. Each channel's size is
+    read apart (a read has a deadline; counting every channel's at once could pass it)."""
+    threshold = shards.SHARD_MESSAGES if threshold is None else threshold
+    step_rows = shards.STEP_ROWS if step_rows is None else step_rows
+    for channel_pk in await store.read(shards.candidates):
+        if await store.read(shards.held, channel_pk, threshold) < threshold:
+            continue
         if await store.write(shards.start, channel_pk, clock.now_us()):
             log.info(
                 "search index of its own: started",
@@ -260,6 +263,8 @@ async def run(
         store.close()
         log.info("stopped")
     if not started:
+        if not shutdown.is_set():  # (hypercorn returned on its own: not a stop we asked for)
+            raise RuntimeError("the API stopped serving before the daemon was ready")
         # Stopped while it started (a signal right after the API answered /readyz): a stop
         # like any other, not a start that failed. No URL serves any more.
         task_status.started([])

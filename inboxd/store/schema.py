@@ -907,7 +907,13 @@ def message_shard_sql(channel_pk: int, indexed_from: int) -> tuple[str, str]:
     """The statements that make a channel's own message search index (v20): the FTS5 table, and
     the trigger that puts the channel's new messages into it, from the pk ``indexed_from`` on.
     Its rowids are messages_fts's (SEARCH_CHANNEL_SHIFT above), so a search reads it newest
-    first, forwards, as it reads messages_fts."""
+    first, forwards, as it reads messages_fts.
+
+    This trigger, and messages_fts_insert made anew when the index is ready, are then the newest
+    triggers on ``messages``: the order v19 had to undo for contacts (a newer FTS5-inserting
+    trigger made an older trigger's subquery fail with "no such table" on a connection that had
+    not used the index yet). No trigger on ``messages`` has a subquery that reads a table, so it
+    cannot happen here; a trigger that would must be made anew after these (as v19 did)."""
     table = message_shard_table(channel_pk)
     pk = int(channel_pk)
     return (
