@@ -104,6 +104,13 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.search_own_indexes = Gauge(
+            "inboxd_search_own_indexes",
+            "Channels' own message search indexes by state (filling, ready), read from the store"
+            " when scraped.",
+            ["state"],
+            registry=r,
+        )
         self.feed_clients = Gauge("inboxd_feed_clients", "Open websocket feed clients.", registry=r)
         self.supervisors = Gauge(
             "inboxd_channel_webhook_supervisors",
@@ -142,12 +149,15 @@ class Metrics:
         loop_disk_waits: int,
         writer_starts: int = 0,
         in_memory: bool = False,
+        own_indexes: dict[str, int] | None = None,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
         self._store.in_memory = in_memory
         self._store.writer_starts = writer_starts
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))
+        for state in ("filling", "ready"):
+            self.search_own_indexes.labels(state).set((own_indexes or {}).get(state, 0))
         self.feed_clients.set(feed_clients)
         self.supervisors.set(supervisors)
         return generate_latest(self.registry)

@@ -289,9 +289,9 @@ def _word(n: int) -> str:
 @pytest.fixture
 def half_filled(seeded: Seed, monkeypatch: pytest.MonkeyPatch) -> int:
     """The sales channel past a small size line, its own index started and a few steps filled
-    (a daemon stopped midway); the daemon's first look a fraction of a second after its start.
+    (a daemon stopped midway); the daemon's first look 2 s after its start.
     Requested before the daemon's fixtures, so that the daemon starts on this store."""
-    monkeypatch.setattr(daemon, "SHARD_FIRST_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(daemon, "SHARD_FIRST_CHECK_SECONDS", 2.0)
     monkeypatch.setattr(shards, "SHARD_MESSAGES", 40)
     monkeypatch.setattr(shards, "STEP_ROWS", 5)
     store = Store.open(seeded.data_dir, readers=1)
@@ -317,6 +317,9 @@ async def test_the_running_daemon_finishes_an_index_through_its_writer_process(
     stop left half filled, while messages keep coming through the API, and then every message
     is found by the API's search, each once."""
     sales = half_filled
+    scraped = (await owner.get("/metrics")).text  # (its first look is 2 s away)
+    assert 'inboxd_search_own_indexes{state="filling"} 1.0' in scraped
+    assert 'inboxd_search_own_indexes{state="ready"} 0.0' in scraped
     for n in range(60, 100):  # while it fills
         await ingest(owner, seeded.sales_id, f"4930{n:04d}", content=f"parcel {_word(n)}")
     with trio.fail_after(30):
@@ -324,6 +327,9 @@ async def test_the_running_daemon_finishes_an_index_through_its_writer_process(
             await trio.sleep(0.05)
     searchable = 100
     assert store.read_sync(_rows_indexed, sales) == searchable
+    scraped = (await owner.get("/metrics")).text
+    assert 'inboxd_search_own_indexes{state="ready"} 1.0' in scraped
+    assert 'inboxd_search_own_indexes{state="filling"} 0.0' in scraped
     for n in range(100):
         got = await owner.get(
             "/api/v1/inbox/conversations/search",

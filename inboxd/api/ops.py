@@ -14,7 +14,7 @@ from inboxd.api.app import state
 from inboxd.api.http import encoded_json, json_response
 from inboxd.api.openapi import OPENAPI_PATH, document_json
 from inboxd.metrics import CONTENT_TYPE
-from inboxd.store import channel_webhooks
+from inboxd.store import channel_webhooks, shards
 from inboxd.store.db import schema_version
 from inboxd.store.schema import MIGRATIONS
 
@@ -40,10 +40,12 @@ async def readyz() -> Response:
 
 @blueprint.get("/metrics")
 async def metrics() -> Response:
-    """Prometheus text format; URL states are counted in the store when scraped."""
+    """Prometheus text format; URL states and channels' own search indexes are counted in the
+    store when scraped."""
     st = state()
     body = st.metrics.exposition(
         url_states=await st.store.read(channel_webhooks.count_by_state),
+        own_indexes=await st.store.read(shards.count_by_state),
         feed_clients=0 if st.feed_hub is None else len(st.feed_hub.clients),
         supervisors=0 if st.channel_hub is None else st.channel_hub.supervisors,
         loop_disk_waits=st.store.loop_disk_waits,

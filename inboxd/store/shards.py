@@ -69,6 +69,14 @@ def ready_channels(conn: sqlite3.Connection) -> tuple[int, ...]:
     )
 
 
+def count_by_state(conn: sqlite3.Connection) -> dict[str, int]:
+    """How many channels' own indexes are filling and ready (``/metrics``)."""
+    row = conn.execute(
+        "SELECT count(*) - count(ready_at), count(ready_at) FROM message_shards"
+    ).fetchone()
+    return {"filling": int(row[0]), "ready": int(row[1])}
+
+
 def has_ready_shard(conn: sqlite3.Connection, channel_pk: int) -> bool:
     return (
         conn.execute(
