@@ -279,6 +279,10 @@ async def test_the_daemon_makes_and_fills_a_channels_index_and_its_searches_read
     ]
     assert done[1].channel == seeded.sales_id and done[1].steps > 5  # type: ignore[attr-defined]
     assert await maintain_search_shards(store, Clock(), threshold=40) == []  # nothing left
+    # A message from now on goes into the channel's own index alone: the API's search finds it
+    # there.
+    await ingest(owner, seeded.sales_id, "4930777777", content="zymurgy parcel")
+    assert len(await search("zymurgy")) == 1
 
 
 def _word(n: int) -> str:
