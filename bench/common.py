@@ -195,6 +195,7 @@ def search_shards_up_to_date(data: Path) -> list[int]:
     Store.open(data, readers=1).close()  # migrated first
     conn = sqlite3.connect(db_path(data), isolation_level=None)
     started = time.perf_counter()
+    size_before = db_path(data).stat().st_size
 
     def progress(channel_pk: int, below: int, top: int) -> None:
         print(
@@ -210,5 +211,10 @@ def search_shards_up_to_date(data: Path) -> list[int]:
     finally:
         conn.close()
     if made:
-        print(file=sys.stderr)
+        grown = (db_path(data).stat().st_size - size_before) / 2**20
+        print(
+            f"\n  {len(made)} channel(s) given an index of their own in"
+            f" {time.perf_counter() - started:.0f} s; the store grew {grown:,.0f} MiB",
+            file=sys.stderr,
+        )
     return made
