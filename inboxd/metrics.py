@@ -144,12 +144,12 @@ class Metrics:
     def exposition(
         self,
         url_states: dict[str, int],
+        own_indexes: dict[str, int],
         feed_clients: int,
         supervisors: int,
         loop_disk_waits: int,
         writer_starts: int = 0,
         in_memory: bool = False,
-        own_indexes: dict[str, int] | None = None,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
         self._store.in_memory = in_memory
@@ -157,7 +157,7 @@ class Metrics:
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))
         for state in ("filling", "ready"):
-            self.search_own_indexes.labels(state).set((own_indexes or {}).get(state, 0))
+            self.search_own_indexes.labels(state).set(own_indexes.get(state, 0))
         self.feed_clients.set(feed_clients)
         self.supervisors.set(supervisors)
         return generate_latest(self.registry)
