@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from inboxd.store import shards
-from inboxd.store.db import Store, db_path
+from inboxd.store import shards, tidy
+from inboxd.store.db import Store, db_path, run_in_transaction
 from inboxd.store.warm import meminfo
 from inboxd.timeutil import now_us
 
@@ -188,10 +188,11 @@ def child_pid(pid: int, marker: bytes) -> int | None:
     return None
 
 
-def search_shards_up_to_date(data: Path) -> list[int]:
-    """Give each channel past the size line its own message search index, filled, before
-    anything is measured (store/shards.py): the daemon would do it in the background, a step at
-    a time, while the benchmark ran. Prints progress; returns the channels it made ready."""
+def search_indexes_up_to_date(data: Path) -> dict[str, Any]:
+    """The search upkeep the daemon does in the background, a step at a time, done before
+    anything is measured: each channel past the size line gets its own message search index,
+    filled (store/shards.py), and the contact index's b-trees are merged (store/tidy.py).
+    Prints progress; returns the channels made ready and the merge's steps and seconds."""
     Store.open(data, readers=1).close()  # migrated first
     conn = sqlite3.connect(db_path(data), isolation_level=None)
     started = time.perf_counter()
@@ -208,13 +209,28 @@ def search_shards_up_to_date(data: Path) -> list[int]:
 
     try:
         made = shards.bring_up_to_date(conn, now_us, progress=progress)
+        if made:
+            grown = (db_path(data).stat().st_size - size_before) / 2**20
+            print(
+                f"\n  {len(made)} channel(s) given an index of their own in"
+                f" {time.perf_counter() - started:.0f} s; the store grew {grown:,.0f} MiB",
+                file=sys.stderr,
+            )
+        merging, steps, btrees = time.perf_counter(), 0, tidy.btrees(conn)
+        while run_in_transaction(conn, "BEGIN IMMEDIATE", tidy.step, 1_000):
+            steps += 1
+        merge = {
+            "steps": steps,
+            "seconds": round(time.perf_counter() - merging, 1),
+            "btreesBefore": btrees,
+            "btrees": tidy.btrees(conn),
+        }
+        if steps:
+            print(
+                f"  contact search index merged: {btrees} b-trees -> {merge['btrees']}"
+                f" in {merge['seconds']} s",
+                file=sys.stderr,
+            )
     finally:
         conn.close()
-    if made:
-        grown = (db_path(data).stat().st_size - size_before) / 2**20
-        print(
-            f"\n  {len(made)} channel(s) given an index of their own in"
-            f" {time.perf_counter() - started:.0f} s; the store grew {grown:,.0f} MiB",
-            file=sys.stderr,
-        )
-    return made
+    return {"ownSearchIndex": made, "contactIndexMerge": merge}

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import search_shards_up_to_date
+from bench.common import search_indexes_up_to_date
 from bench.corpus import Text
 from inboxd.store import accounts
 from inboxd.store.db import Store, db_path, store_exists
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     import_history(db_path(data), info, args.conversations, args.messages, rng)
-    info["ownSearchIndex"] = search_shards_up_to_date(data)
+    info.update(search_indexes_up_to_date(data))
     took = time.perf_counter() - started
     size = sum(p.stat().st_size for p in data.glob("inboxd.db*"))
     info.update(

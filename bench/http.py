@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import daemon_metric, loop_disk_waits, report, search_shards_up_to_date, timed
+from bench.common import daemon_metric, loop_disk_waits, report, search_indexes_up_to_date, timed
 from bench.feed import free_port, start, wait_http
 from inboxd.store import accounts, actions, conversations, messages, shards
 from inboxd.store.db import Store, WriteRequest, db_path, run_batch, writer_connection
@@ -597,7 +597,7 @@ def write_floor_us(
 
 def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
-    search_shards_up_to_date(data)
+    search_indexes_up_to_date(data)
     ids = pick(data)
     driver = args.driver
     if driver == "auto":

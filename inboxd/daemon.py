@@ -9,7 +9,8 @@
         ├── channel webhook hub: one supervisor per URL              (webhooks/channel.py)
         ├── mailer: sends the mail outbox after commit               (mailer.py)
         ├── page cache warm-up at start, when the store fits         (store/warm.py)
-        ├── search indexes of their own for large channels, hourly   (store/shards.py)
+        ├── search upkeep, hourly: large channels' own indexes,      (store/shards.py)
+        │   the contact index's b-trees merged                       (store/tidy.py)
         └── housekeeping: lastUsedAt in batches, old Idempotency-Keys
 
 ``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
@@ -38,7 +39,7 @@ from inboxd.config import Config
 from inboxd.feed import FeedHub
 from inboxd.logs import log_failure
 from inboxd.mailer import Mailer
-from inboxd.store import accounts, events, idempotency, shards, warm, webhooks
+from inboxd.store import accounts, events, idempotency, shards, tidy, warm, webhooks
 from inboxd.store.db import Store
 from inboxd.store.writer import WriterProcess
 from inboxd.webhooks.channel import ChannelWebhookHub
@@ -50,12 +51,13 @@ log = logging.getLogger("inboxd.daemon")
 KEY_USAGE_FLUSH_SECONDS: Final = 30.0
 JOURNAL_PRUNE_BATCH: Final = 5_000
 FEED_PING_SECONDS: Final = 20.0
-# How often the daemon looks for channels due an index of their own (store/shards.py), the
-# first time a minute after it starts; and its pause between two steps of filling one, which
-# leaves the writer to the API's writes most of the time.
-SHARD_CHECK_SECONDS: Final = 3600.0
-SHARD_FIRST_CHECK_SECONDS: Final = 60.0
-SHARD_STEP_PAUSE_SECONDS: Final = 0.01
+# How often the daemon sees to the search indexes (channels due an index of their own,
+# store/shards.py; the contact index's b-trees, store/tidy.py), the first time a minute after it
+# starts; and its pause between two steps of that work, which leaves the writer to the API's
+# writes most of the time.
+SEARCH_CHECK_SECONDS: Final = 3600.0
+SEARCH_FIRST_CHECK_SECONDS: Final = 60.0
+SEARCH_STEP_PAUSE_SECONDS: Final = 0.01
 
 
 def hypercorn_config(config: Config, bind: str) -> HyperConfig:
@@ -117,14 +119,42 @@ async def prune_journal(app_state: AppState) -> int:
     return total
 
 
-async def _search_shards(app_state: AppState) -> None:
-    await trio.sleep(SHARD_FIRST_CHECK_SECONDS)
+async def _search_upkeep(app_state: AppState) -> None:
+    await trio.sleep(SEARCH_FIRST_CHECK_SECONDS)
     while True:
         try:
             await maintain_search_shards(app_state.store, app_state.clock)
         except Exception:  # searches still have the shared index: try again next time
             log_failure(log, "could not make a channel's search index")
-        await trio.sleep(SHARD_CHECK_SECONDS)
+        try:
+            await tidy_contact_index(app_state.store)
+        except Exception:  # searches read the index as it is: try again next time
+            log_failure(log, "could not merge the contact search index")
+        await trio.sleep(SEARCH_CHECK_SECONDS)
+
+
+async def tidy_contact_index(store: Store, pages: int | None = None) -> int:
+    """Merge the contact search index's b-trees (store/tidy.py), a step (one write of at most
+    ``pages`` pages: tidy.STEP_PAGES) at a time with a pause between, until nothing is left to
+    merge or tidy.PASS_STEPS have (contacts arriving all the time give it new b-trees: the rest
+    waits for the next pass); returns the steps that did work."""
+    pages = tidy.STEP_PAGES if pages is None else pages
+    started, steps = time.monotonic(), 0
+    before = await store.read(tidy.btrees)
+    while steps < tidy.PASS_STEPS and await store.write(tidy.step, pages):
+        steps += 1
+        await trio.sleep(SEARCH_STEP_PAUSE_SECONDS)
+    if steps:
+        log.info(
+            "contact search index merged",
+            extra={
+                "steps": steps,
+                "seconds": round(time.monotonic() - started, 1),
+                "btrees_before": before,
+                "btrees": await store.read(tidy.btrees),
+            },
+        )
+    return steps
 
 
 async def maintain_search_shards(
@@ -150,7 +180,7 @@ async def maintain_search_shards(
         started, steps = time.monotonic(), 1
         while await store.write(shards.step, channel_pk, clock.now_us(), step_rows):
             steps += 1
-            await trio.sleep(SHARD_STEP_PAUSE_SECONDS)
+            await trio.sleep(SEARCH_STEP_PAUSE_SECONDS)
         log.info(
             "search index of its own: ready",
             extra={
@@ -217,7 +247,7 @@ async def run(
                 store.set_in_memory(False)  # reads leave the loop until the warm-up has looked
             urls: list[str] = await nursery.start(serve_api)
             nursery.start_soon(_housekeeping, app_state)
-            nursery.start_soon(_search_shards, app_state)
+            nursery.start_soon(_search_upkeep, app_state)
             nursery.start_soon(store.checkpoint_forever)
             if warming:
                 nursery.start_soon(

@@ -295,7 +295,7 @@ def half_filled(seeded: Seed, monkeypatch: pytest.MonkeyPatch) -> int:
     """The sales channel past a small size line, its own index started and a few steps filled
     (a daemon stopped midway); the daemon's first look 2 s after its start.
     Requested before the daemon's fixtures, so that the daemon starts on this store."""
-    monkeypatch.setattr(daemon, "SHARD_FIRST_CHECK_SECONDS", 2.0)
+    monkeypatch.setattr(daemon, "SEARCH_FIRST_CHECK_SECONDS", 2.0)
     monkeypatch.setattr(shards, "SHARD_MESSAGES", 40)
     monkeypatch.setattr(shards, "STEP_ROWS", 5)
     store = Store.open(seeded.data_dir, readers=1)

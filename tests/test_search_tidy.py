@@ -1,0 +1,256 @@
+"""The contact search index's b-trees merged a step at a time (store/tidy.py): every search gives
+the answers it gave before, at most one b-tree is left on each level, and a stop between two
+steps or inside one loses nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from collections.abc import Callable
+
+import httpx
+import pytest
+import trio
+
+from inboxd import daemon
+from inboxd.daemon import tidy_contact_index
+from inboxd.store import accounts, conversations, messages, tidy
+from inboxd.store.db import Store, run_in_transaction
+from inboxd.timeutil import now_us
+from tests import arrange
+from tests.conftest import Seed, ingest
+
+_FIRST = ["Ada", "Lin", "Mateo", "Zoë", "Ольга", "Kim", "José", "Ngozi"]
+_LAST = ["Hopper", "Schulz", "Ruiz", "Иванова", "Park", "Müller", "Okafor", "Lovelace"]
+_QUERIES = [
+    "hopper", "schulz", "ada", "zoë", "ольга", "müller", "Kim Park", "opp", "4930", "49300",
+    "000012", "renamed", "Old Name", "nothing like this", "e R",
+]  # fmt: skip
+
+
+def _varint(blob: bytes, i: int) -> tuple[int, int]:
+    value = 0
+    for k in range(9):
+        byte = blob[i]
+        i += 1
+        if k == 8:
+            return (value << 8) | byte, i
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return value, i
+    raise AssertionError("unreachable")
+
+
+def _levels(conn: sqlite3.Connection) -> list[int]:
+    """How many b-trees each level of contacts_fts holds, from FTS5's structure record (row 10
+    of its _data table: a 4-byte cookie, then varints: levels, b-trees, writes, and for each
+    level its merge state, its count of b-trees and each one's id and first and last page)."""
+    blob = conn.execute("SELECT block FROM contacts_fts_data WHERE id = 10").fetchone()[0]
+    i = 4
+    levels, i = _varint(blob, i)
+    _, i = _varint(blob, i)
+    _, i = _varint(blob, i)
+    out = []
+    for _ in range(levels):
+        _, i = _varint(blob, i)
+        count, i = _varint(blob, i)
+        for _ in range(3 * count):
+            _, i = _varint(blob, i)
+        out.append(count)
+    return out
+
+
+def _arrive(store: Store, seeded: Seed, groups: list[int], first: int = 0) -> None:
+    """Contacts in writes (transactions) of ``groups`` contacts each, with FTS5's automatic
+    merging off meanwhile, so that each write leaves a b-tree of its own, larger for a larger
+    write (as an import, or contacts arriving faster than merges, leave them); every fifth is
+    renamed after, in one more write."""
+    who = store.read_sync(accounts.authenticate, seeded.owner_key)
+    rng = random.Random(first)
+    at = now_us()
+    store.write_sync(_automerge, 0)
+    n = first
+    for size in groups:
+
+        def write(conn: sqlite3.Connection, start: int, size: int = size) -> None:
+            for k in range(start, start + size):
+                channel = seeded.sales_id if k % 3 else seeded.support_id
+                name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}" if k % 5 else "Old Name"
+                new = arrange.inbound_text(channel, f"4930{k:06d}", "hi", name)
+                messages.ingest(conn, who, new, at + k)
+
+        store.write_sync(write, n)
+        n += size
+
+    def rename(conn: sqlite3.Connection) -> None:
+        for k in range(first, n, 5):
+            channel = seeded.sales_id if k % 3 else seeded.support_id
+            renamed = arrange.inbound_text(channel, f"4930{k:06d}", "again", f"Renamed {k}")
+            messages.ingest(conn, who, renamed, at + n + k)
+
+    store.write_sync(rename)
+    store.write_sync(_automerge, 4)  # FTS5's default again
+
+
+def _automerge(conn: sqlite3.Connection, value: int) -> None:
+    conn.execute("INSERT INTO contacts_fts(contacts_fts, rank) VALUES ('automerge', ?)", (value,))
+
+
+_GROUPS = [30, 30, 8, 8, 2, 2]
+
+
+def _answers(store: Store, seeded: Seed) -> dict[tuple[str, str, int], list[str]]:
+    """Each query's contact list in both channels, as contact phone numbers."""
+    who = store.read_sync(accounts.authenticate, seeded.owner_key)
+    out = {}
+    for channel in (seeded.sales_id, seeded.support_id):
+        for query in _QUERIES:
+            for limit in (3, 50):
+                got = store.read_sync(conversations.search, who, channel, query, limit)
+                out[channel, query, limit] = [
+                    c["contact"]["phoneNumber"] for c in json.loads(got.contacts)
+                ]
+    return out
+
+
+def _check(conn: sqlite3.Connection) -> None:
+    conn.execute("INSERT INTO contacts_fts(contacts_fts) VALUES ('integrity-check')")
+
+
+def test_merging_keeps_every_answer_and_leaves_a_btree_a_level(seeded: Seed, store: Store) -> None:
+    _arrive(store, seeded, _GROUPS)
+    before = _answers(store, seeded)
+    levels = store.read_sync(_levels)
+    assert max(levels) >= 2, levels  # automatic merging left levels with several b-trees
+    assert store.read_sync(tidy.btrees) == sum(levels)
+    assert before[seeded.sales_id, "hopper", 50]  # (the queries find contacts)
+    assert before[seeded.sales_id, "renamed", 50]
+    assert not before[seeded.sales_id, "Old Name", 50]  # renamed away (a delete in the index)
+    steps = 0
+    while store.write_sync(tidy.step, 1):  # a page a step: many steps, merges left half done
+        steps += 1
+        assert _answers(store, seeded) == before, steps
+    assert steps >= 2
+    merged = store.read_sync(_levels)
+    assert max(merged) == 1 and sum(merged) < sum(levels), (levels, merged)
+    assert store.read_sync(tidy.btrees) == sum(merged)
+    store.write_sync(_check)
+    assert not store.write_sync(tidy.step, 1)  # nothing left to merge
+    assert (
+        store.read_sync(
+            lambda c: c.execute(
+                "SELECT v FROM contacts_fts_config WHERE k = 'usermerge'"
+            ).fetchone()[0]
+        )
+        == tidy.USERMERGE
+    )
+    # New contacts still go in, and a later pass merges their b-trees too.
+    _arrive(store, seeded, [5, 5, 1, 1], first=500)
+    assert max(store.read_sync(_levels)) >= 2
+    while store.write_sync(tidy.step, 1):
+        pass
+    assert max(store.read_sync(_levels)) == 1
+    store.write_sync(_check)
+
+
+def test_a_stop_between_steps_or_inside_one_loses_nothing(seeded: Seed) -> None:
+    store = Store.open(seeded.data_dir, readers=1)
+    try:
+        _arrive(store, seeded, _GROUPS)
+        before = _answers(store, seeded)
+        assert store.write_sync(tidy.step, 1)
+    finally:
+        store.close()  # a stop between two steps
+
+    def step_then_fail(conn: sqlite3.Connection) -> None:
+        assert tidy.step(conn, 1)
+        raise RuntimeError("stopped inside a step")
+
+    conn = sqlite3.connect(seeded.data_dir / "inboxd.db", isolation_level=None)
+    try:
+        with pytest.raises(RuntimeError):  # a step whose transaction never commits
+            run_in_transaction(conn, "BEGIN IMMEDIATE", step_then_fail)
+    finally:
+        conn.close()
+    store = Store.open(seeded.data_dir, readers=1)
+    try:
+        assert _answers(store, seeded) == before
+        store.write_sync(_check)
+        steps = 0
+        while store.write_sync(tidy.step, 1):
+            steps += 1
+        assert steps > 0 and max(store.read_sync(_levels)) == 1
+        assert _answers(store, seeded) == before
+        store.write_sync(_check)
+    finally:
+        store.close()
+
+
+async def test_the_daemons_pass_merges_the_index_and_logs_it(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``tidy_contact_index`` (what the daemon runs every hour) on the daemon's store: the API's
+    searches answer as before, and the log says what it did."""
+    _arrive(store, seeded, _GROUPS)
+
+    async def search(query: str) -> list[str]:
+        got = await owner.get(
+            "/api/v1/inbox/conversations/search",
+            params={"channelId": seeded.sales_id, "query": query},
+        )
+        assert got.status_code == 200, got.text
+        return [c["contact"]["phoneNumber"] for c in got.json()["contacts"]]
+
+    before = {q: await search(q) for q in _QUERIES}
+    assert before["hopper"] and before["renamed"]
+    btrees = store.read_sync(tidy.btrees)
+    caplog.set_level("INFO", logger="inboxd")
+    steps = await tidy_contact_index(store, pages=1)
+    assert steps > 1
+    assert {q: await search(q) for q in _QUERIES} == before
+    done = [r for r in caplog.records if r.getMessage() == "contact search index merged"]
+    assert len(done) == 1
+    assert done[0].steps == steps  # type: ignore[attr-defined]
+    assert done[0].btrees_before == btrees  # type: ignore[attr-defined]
+    assert done[0].btrees == sum(store.read_sync(_levels)) < btrees  # type: ignore[attr-defined]
+    assert await tidy_contact_index(store) == 0  # nothing left: no second line
+    assert len([r for r in caplog.records if r.getMessage() == done[0].getMessage()]) == 1
+
+
+@pytest.fixture
+def fragmented(seeded: Seed, monkeypatch: pytest.MonkeyPatch) -> Callable[[Store], list[int]]:
+    """A contact index left in many b-trees; the daemon's first look 2 s after its start.
+    Requested before the daemon's fixtures, so that the daemon starts on this store."""
+    monkeypatch.setattr(daemon, "SEARCH_FIRST_CHECK_SECONDS", 2.0)
+    monkeypatch.setattr(tidy, "STEP_PAGES", 1)
+    store = Store.open(seeded.data_dir, readers=1)
+    try:
+        _arrive(store, seeded, _GROUPS)
+        assert max(store.read_sync(_levels)) >= 2
+    finally:
+        store.close()
+    return lambda s: s.read_sync(_levels)
+
+
+async def test_the_running_daemon_merges_the_index_through_its_writer_process(
+    fragmented: Callable[[Store], list[int]], owner: httpx.AsyncClient, seeded: Seed, store: Store
+) -> None:
+    """The daemon as it runs (its hourly task, its writer process) merges the index a minute
+    after it starts (2 s here), while contacts keep arriving through the API."""
+    for n in range(10):
+        await ingest(
+            owner, seeded.sales_id, f"4931{n:06d}", content="hello",
+            contact={"name": f"Grace Hopper {n}"},
+        )  # fmt: skip
+    with trio.fail_after(30):
+        while max(fragmented(store)) > 1:  # noqa: ASYNC110 (the store)
+            await trio.sleep(0.05)
+    store.write_sync(_check)
+    got = await owner.get(
+        "/api/v1/inbox/conversations/search",
+        params={"channelId": seeded.sales_id, "query": "grace hopper", "limit": 50},
+    )
+    assert got.status_code == 200, got.text
+    found = sorted(c["contact"]["phoneNumber"] for c in got.json()["contacts"])
+    assert found == [f"4931{n:06d}" for n in range(10)]
