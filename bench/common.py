@@ -191,8 +191,9 @@ def child_pid(pid: int, marker: bytes) -> int | None:
 def search_indexes_up_to_date(data: Path) -> dict[str, Any]:
     """The search upkeep the daemon does in the background, a step at a time, done before
     anything is measured: each channel past the size line gets its own message search index,
-    filled (store/shards.py), and the contact index's b-trees are merged (store/tidy.py).
-    Prints progress; returns the channels made ready and the merge's steps and seconds."""
+    filled (store/shards.py), and the b-trees of the contact index and of those own indexes are
+    merged (store/tidy.py). Prints progress; returns the channels made ready and each merge's
+    steps, seconds and b-trees."""
     Store.open(data, readers=1).close()  # migrated first
     conn = sqlite3.connect(db_path(data), isolation_level=None)
     started = time.perf_counter()
@@ -216,21 +217,23 @@ def search_indexes_up_to_date(data: Path) -> dict[str, Any]:
                 f" {time.perf_counter() - started:.0f} s; the store grew {grown:,.0f} MiB",
                 file=sys.stderr,
             )
-        merging, steps, btrees = time.perf_counter(), 0, tidy.btrees(conn)
-        while run_in_transaction(conn, "BEGIN IMMEDIATE", tidy.step, 1_000):
-            steps += 1
-        merge = {
-            "steps": steps,
-            "seconds": round(time.perf_counter() - merging, 1),
-            "btreesBefore": btrees,
-            "btrees": tidy.btrees(conn),
-        }
-        if steps:
-            print(
-                f"  contact search index merged: {btrees} b-trees -> {merge['btrees']}"
-                f" in {merge['seconds']} s",
-                file=sys.stderr,
-            )
+        merges = {}
+        for index in tidy.indexes(conn):
+            merging, steps, btrees = time.perf_counter(), 0, tidy.btrees(conn, index)
+            while run_in_transaction(conn, "BEGIN IMMEDIATE", tidy.step, index, 1_000):
+                steps += 1
+            merges[index] = merge = {
+                "steps": steps,
+                "seconds": round(time.perf_counter() - merging, 1),
+                "btreesBefore": btrees,
+                "btrees": tidy.btrees(conn, index),
+            }
+            if steps:
+                print(
+                    f"  search index {index} merged: {btrees} b-trees -> {merge['btrees']}"
+                    f" in {merge['seconds']} s",
+                    file=sys.stderr,
+                )
     finally:
         conn.close()
-    return {"ownSearchIndex": made, "contactIndexMerge": merge}
+    return {"ownSearchIndex": made, "searchIndexMerges": merges}

@@ -10,7 +10,7 @@
         ├── mailer: sends the mail outbox after commit               (mailer.py)
         ├── page cache warm-up at start, when the store fits         (store/warm.py)
         ├── search upkeep, hourly: large channels' own indexes,      (store/shards.py)
-        │   the contact index's b-trees merged                       (store/tidy.py)
+        │   search indexes' b-trees merged                           (store/tidy.py)
         └── housekeeping: lastUsedAt in batches, old Idempotency-Keys
 
 ``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
@@ -52,9 +52,9 @@ KEY_USAGE_FLUSH_SECONDS: Final = 30.0
 JOURNAL_PRUNE_BATCH: Final = 5_000
 FEED_PING_SECONDS: Final = 20.0
 # How often the daemon sees to the search indexes (channels due an index of their own,
-# store/shards.py; the contact index's b-trees, store/tidy.py), the first time a minute after it
-# starts; and its pause between two steps of that work, which leaves the writer to the API's
-# writes most of the time.
+# store/shards.py; the b-trees of the contact index and of those own indexes, store/tidy.py),
+# the first time a minute after it starts; and its pause between two steps of that work, which
+# leaves the writer to the API's writes most of the time.
 SEARCH_CHECK_SECONDS: Final = 3600.0
 SEARCH_FIRST_CHECK_SECONDS: Final = 60.0
 SEARCH_STEP_PAUSE_SECONDS: Final = 0.01
@@ -127,34 +127,39 @@ async def _search_upkeep(app_state: AppState) -> None:
         except Exception:  # searches still have the shared index: try again next time
             log_failure(log, "could not make a channel's search index")
         try:
-            await tidy_contact_index(app_state.store)
-        except Exception:  # searches read the index as it is: try again next time
-            log_failure(log, "could not merge the contact search index")
+            await tidy_search_indexes(app_state.store)
+        except Exception:  # searches read the indexes as they are: try again next time
+            log_failure(log, "could not merge a search index")
         await trio.sleep(SEARCH_CHECK_SECONDS)
 
 
-async def tidy_contact_index(store: Store, pages: int | None = None) -> int:
-    """Merge the contact search index's b-trees (store/tidy.py), a step (one write of at most
-    ``pages`` pages: tidy.STEP_PAGES) at a time with a pause between, until nothing is left to
-    merge or tidy.PASS_STEPS have (contacts arriving all the time give it new b-trees: the rest
-    waits for the next pass); returns the steps that did work."""
+async def tidy_search_indexes(store: Store, pages: int | None = None) -> dict[str, int]:
+    """Merge the b-trees of the contact index and of the large channels' own message indexes
+    (store/tidy.py), a step (one write of at most ``pages`` pages: tidy.STEP_PAGES) at a time
+    with a pause between, until nothing is left to merge or tidy.PASS_STEPS have been taken on
+    an index (rows arriving all the time give it new b-trees: the rest waits for the next
+    pass); returns the steps that did work, by index."""
     pages = tidy.STEP_PAGES if pages is None else pages
-    started, steps = time.monotonic(), 0
-    before = await store.read(tidy.btrees)
-    while steps < tidy.PASS_STEPS and await store.write(tidy.step, pages):
-        steps += 1
-        await trio.sleep(SEARCH_STEP_PAUSE_SECONDS)
-    if steps:
-        log.info(
-            "contact search index merged",
-            extra={
-                "steps": steps,
-                "seconds": round(time.monotonic() - started, 1),
-                "btrees_before": before,
-                "btrees": await store.read(tidy.btrees),
-            },
-        )
-    return steps
+    done = {}
+    for index in await store.read(tidy.indexes):
+        started, steps = time.monotonic(), 0
+        before = await store.read(tidy.btrees, index)
+        while steps < tidy.PASS_STEPS and await store.write(tidy.step, index, pages):
+            steps += 1
+            await trio.sleep(SEARCH_STEP_PAUSE_SECONDS)
+        done[index] = steps
+        if steps:
+            log.info(
+                "search index merged",
+                extra={
+                    "index": index,
+                    "steps": steps,
+                    "seconds": round(time.monotonic() - started, 1),
+                    "btrees_before": before,
+                    "btrees": await store.read(tidy.btrees, index),
+                },
+            )
+    return done
 
 
 async def maintain_search_shards(

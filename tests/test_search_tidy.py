@@ -1,6 +1,6 @@
-"""The contact search index's b-trees merged a step at a time (store/tidy.py): every search gives
-the answers it gave before, at most one b-tree is left on each level, and a stop between two
-steps or inside one loses nothing."""
+"""Search indexes' b-trees merged a step at a time (store/tidy.py): the contact index and a large
+channel's own message index. Every search gives the answers it gave before, at most one b-tree
+is left on each level, and a stop between two steps or inside one loses nothing."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import pytest
 import trio
 
 from inboxd import daemon
-from inboxd.daemon import tidy_contact_index
-from inboxd.store import accounts, conversations, messages, tidy
+from inboxd.daemon import tidy_search_indexes
+from inboxd.store import accounts, conversations, messages, shards, tidy
 from inboxd.store.db import Store, run_in_transaction
+from inboxd.store.schema import message_shard_table
 from inboxd.timeutil import now_us
 from tests import arrange
 from tests.conftest import Seed, ingest
@@ -42,11 +43,11 @@ def _varint(blob: bytes, i: int) -> tuple[int, int]:
     raise AssertionError("unreachable")
 
 
-def _levels(conn: sqlite3.Connection) -> list[int]:
-    """How many b-trees each level of contacts_fts holds, from FTS5's structure record (row 10
-    of its _data table: a 4-byte cookie, then varints: levels, b-trees, writes, and for each
-    level its merge state, its count of b-trees and each one's id and first and last page)."""
-    blob = conn.execute("SELECT block FROM contacts_fts_data WHERE id = 10").fetchone()[0]
+def _levels(conn: sqlite3.Connection, index: str = tidy.CONTACTS) -> list[int]:
+    """How many b-trees each level of an index holds, from FTS5's structure record (row 10 of
+    its _data table: a 4-byte cookie, then varints: levels, b-trees, writes, and for each level
+    its merge state, its count of b-trees and each one's id and first and last page)."""
+    blob = conn.execute(f"SELECT block FROM {index}_data WHERE id = 10").fetchone()[0]
     i = 4
     levels, i = _varint(blob, i)
     _, i = _varint(blob, i)
@@ -93,8 +94,8 @@ def _arrive(store: Store, seeded: Seed, groups: list[int], first: int = 0) -> No
     store.write_sync(_automerge, 4)  # FTS5's default again
 
 
-def _automerge(conn: sqlite3.Connection, value: int) -> None:
-    conn.execute("INSERT INTO contacts_fts(contacts_fts, rank) VALUES ('automerge', ?)", (value,))
+def _automerge(conn: sqlite3.Connection, value: int, index: str = tidy.CONTACTS) -> None:
+    conn.execute(f"INSERT INTO {index}({index}, rank) VALUES ('automerge', ?)", (value,))
 
 
 _GROUPS = [30, 30, 8, 8, 2, 2]
@@ -114,8 +115,8 @@ def _answers(store: Store, seeded: Seed) -> dict[tuple[str, str, int], list[str]
     return out
 
 
-def _check(conn: sqlite3.Connection) -> None:
-    conn.execute("INSERT INTO contacts_fts(contacts_fts) VALUES ('integrity-check')")
+def _check(conn: sqlite3.Connection, index: str = tidy.CONTACTS) -> None:
+    conn.execute(f"INSERT INTO {index}({index}) VALUES ('integrity-check')")
 
 
 def test_merging_keeps_every_answer_and_leaves_a_btree_a_level(seeded: Seed, store: Store) -> None:
@@ -123,20 +124,22 @@ def test_merging_keeps_every_answer_and_leaves_a_btree_a_level(seeded: Seed, sto
     before = _answers(store, seeded)
     levels = store.read_sync(_levels)
     assert max(levels) >= 2, levels  # automatic merging left levels with several b-trees
-    assert store.read_sync(tidy.btrees) == sum(levels)
+    assert store.read_sync(tidy.btrees, tidy.CONTACTS) == sum(levels)
     assert before[seeded.sales_id, "hopper", 50]  # (the queries find contacts)
     assert before[seeded.sales_id, "renamed", 50]
     assert not before[seeded.sales_id, "Old Name", 50]  # renamed away (a delete in the index)
     steps = 0
-    while store.write_sync(tidy.step, 1):  # a page a step: many steps, merges left half done
+    while store.write_sync(
+        tidy.step, tidy.CONTACTS, 1
+    ):  # a page a step: many steps, merges left half done
         steps += 1
         assert _answers(store, seeded) == before, steps
     assert steps >= 2
     merged = store.read_sync(_levels)
     assert max(merged) == 1 and sum(merged) < sum(levels), (levels, merged)
-    assert store.read_sync(tidy.btrees) == sum(merged)
+    assert store.read_sync(tidy.btrees, tidy.CONTACTS) == sum(merged)
     store.write_sync(_check)
-    assert not store.write_sync(tidy.step, 1)  # nothing left to merge
+    assert not store.write_sync(tidy.step, tidy.CONTACTS, 1)  # nothing left to merge
     assert (
         store.read_sync(
             lambda c: c.execute(
@@ -148,7 +151,7 @@ def test_merging_keeps_every_answer_and_leaves_a_btree_a_level(seeded: Seed, sto
     # New contacts still go in, and a later pass merges their b-trees too.
     _arrive(store, seeded, [5, 5, 1, 1], first=500)
     assert max(store.read_sync(_levels)) >= 2
-    while store.write_sync(tidy.step, 1):
+    while store.write_sync(tidy.step, tidy.CONTACTS, 1):
         pass
     assert max(store.read_sync(_levels)) == 1
     store.write_sync(_check)
@@ -159,12 +162,12 @@ def test_a_stop_between_steps_or_inside_one_loses_nothing(seeded: Seed) -> None:
     try:
         _arrive(store, seeded, _GROUPS)
         before = _answers(store, seeded)
-        assert store.write_sync(tidy.step, 1)
+        assert store.write_sync(tidy.step, tidy.CONTACTS, 1)
     finally:
         store.close()  # a stop between two steps
 
     def step_then_fail(conn: sqlite3.Connection) -> None:
-        assert tidy.step(conn, 1)
+        assert tidy.step(conn, tidy.CONTACTS, 1)
         raise RuntimeError("stopped inside a step")
 
     conn = sqlite3.connect(seeded.data_dir / "inboxd.db", isolation_level=None)
@@ -178,7 +181,7 @@ def test_a_stop_between_steps_or_inside_one_loses_nothing(seeded: Seed) -> None:
         assert _answers(store, seeded) == before
         store.write_sync(_check)
         steps = 0
-        while store.write_sync(tidy.step, 1):
+        while store.write_sync(tidy.step, tidy.CONTACTS, 1):
             steps += 1
         assert steps > 0 and max(store.read_sync(_levels)) == 1
         assert _answers(store, seeded) == before
@@ -190,7 +193,7 @@ def test_a_stop_between_steps_or_inside_one_loses_nothing(seeded: Seed) -> None:
 async def test_the_daemons_pass_merges_the_index_and_logs_it(
     owner: httpx.AsyncClient, seeded: Seed, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``tidy_contact_index`` (what the daemon runs every hour) on the daemon's store: the API's
+    """``tidy_search_indexes`` (what the daemon runs every hour) on the daemon's store: the API's
     searches answer as before, and the log says what it did."""
     _arrive(store, seeded, _GROUPS)
 
@@ -204,17 +207,17 @@ async def test_the_daemons_pass_merges_the_index_and_logs_it(
 
     before = {q: await search(q) for q in _QUERIES}
     assert before["hopper"] and before["renamed"]
-    btrees = store.read_sync(tidy.btrees)
+    btrees = store.read_sync(tidy.btrees, tidy.CONTACTS)
     caplog.set_level("INFO", logger="inboxd")
-    steps = await tidy_contact_index(store, pages=1)
+    steps = (await tidy_search_indexes(store, pages=1))[tidy.CONTACTS]
     assert steps > 1
     assert {q: await search(q) for q in _QUERIES} == before
-    done = [r for r in caplog.records if r.getMessage() == "contact search index merged"]
+    done = [r for r in caplog.records if r.getMessage() == "search index merged"]
     assert len(done) == 1
     assert done[0].steps == steps  # type: ignore[attr-defined]
     assert done[0].btrees_before == btrees  # type: ignore[attr-defined]
     assert done[0].btrees == sum(store.read_sync(_levels)) < btrees  # type: ignore[attr-defined]
-    assert await tidy_contact_index(store) == 0  # nothing left: no second line
+    assert await tidy_search_indexes(store) == {tidy.CONTACTS: 0}  # nothing left: no second line
     assert len([r for r in caplog.records if r.getMessage() == done[0].getMessage()]) == 1
 
 
@@ -254,3 +257,62 @@ async def test_the_running_daemon_merges_the_index_through_its_writer_process(
     assert got.status_code == 200, got.text
     found = sorted(c["contact"]["phoneNumber"] for c in got.json()["contacts"])
     assert found == [f"4931{n:06d}" for n in range(10)]
+
+
+def test_only_the_indexes_kept_merged_are_named() -> None:
+    conn = sqlite3.connect(":memory:")
+    for name in ("messages_fts", "contacts_fts; DROP TABLE contacts", "message_shard_", "x"):
+        with pytest.raises(ValueError, match="not a search index kept merged"):
+            tidy.step(conn, name)
+        with pytest.raises(ValueError):
+            tidy.btrees(conn, name)
+
+
+async def test_a_channels_own_index_is_merged_too(
+    owner: httpx.AsyncClient, seeded: Seed, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A channel's own message index (store/shards.py), once ready, is kept merged like the
+    contact index: messages arriving one write at a time leave it in many b-trees; the daemon's
+    pass merges them, and the API's searches answer as before."""
+    who = store.read_sync(accounts.authenticate, seeded.owner_key)
+    sales = store.read_sync(
+        lambda c: c.execute("SELECT pk FROM channels WHERE id = ?", (seeded.sales_id,)).fetchone()[
+            0
+        ]
+    )
+    at = now_us()
+    for n in range(30):
+        new = arrange.inbound_text(seeded.sales_id, f"4932{n:04d}", f"parcel order {n}")
+        store.write_sync(messages.ingest, who, new, at + n)
+    assert store.write_sync(shards.start, sales, at)
+    while store.write_sync(shards.step, sales, at, 10):
+        pass
+    index = message_shard_table(sales)
+    assert store.read_sync(tidy.indexes) == [tidy.CONTACTS, index]
+    store.write_sync(_automerge, 0, index)
+    for n in range(30, 50):  # one b-tree each in the channel's own index
+        new = arrange.inbound_text(seeded.sales_id, f"4932{n:04d}", f"parcel refund {n}")
+        store.write_sync(messages.ingest, who, new, at + n)
+    store.write_sync(_automerge, 4, index)
+    assert max(store.read_sync(_levels, index)) >= 2
+
+    async def search(query: str) -> list[str]:
+        got = await owner.get(
+            "/api/v1/inbox/conversations/search",
+            params={"channelId": seeded.sales_id, "query": query, "limit": 100},
+        )
+        assert got.status_code == 200, got.text
+        return [c["contact"]["phoneNumber"] for c in got.json()["messages"]]
+
+    queries = ("parcel", "order", "refund", "refund 4", "cel ord", "nothing like this")
+    before = {q: await search(q) for q in queries}
+    assert len(before["parcel"]) == 50 and len(before["refund"]) == 20
+    caplog.set_level("INFO", logger="inboxd")
+    done = await tidy_search_indexes(store, pages=1)
+    assert done[index] >= 1
+    assert max(store.read_sync(_levels, index)) == 1
+    store.write_sync(_check, index)
+    assert {q: await search(q) for q in queries} == before
+    logged = [r for r in caplog.records if getattr(r, "index", None) == index]
+    assert [r.getMessage() for r in logged] == ["search index merged"]
+    assert logged[0].steps == done[index]  # type: ignore[attr-defined]
