@@ -135,7 +135,7 @@ async def _search_upkeep(app_state: AppState) -> None:
 
 async def tidy_search_indexes(store: Store, pages: int | None = None) -> dict[str, int]:
     """Merge the b-trees of the contact index and of the large channels' own message indexes
-    (store/tidy.py), a step (one write of at most ``pages`` pages: tidy.STEP_PAGES) at a time
+    (store/tidy.py), a step (one write of about ``pages`` pages: tidy.STEP_PAGES) at a time
     with a pause between, until nothing is left to merge or tidy.PASS_STEPS have been taken on
     an index (rows arriving all the time give it new b-trees: the rest waits for the next
     pass); returns the steps that did work, by index."""
@@ -157,6 +157,8 @@ async def tidy_search_indexes(store: Store, pages: int | None = None) -> dict[st
                     "seconds": round(time.monotonic() - started, 1),
                     "btrees_before": before,
                     "btrees": await store.read(tidy.btrees, index),
+                    # False: the pass stopped at tidy.PASS_STEPS; the next one goes on.
+                    "complete": steps < tidy.PASS_STEPS,
                 },
             )
     return done

@@ -16,7 +16,7 @@ import trio
 from inboxd import daemon
 from inboxd.daemon import tidy_search_indexes
 from inboxd.store import accounts, conversations, messages, shards, tidy
-from inboxd.store.db import Store, run_in_transaction
+from inboxd.store.db import Store, WriteRequest, run_batch, run_in_transaction, writer_connection
 from inboxd.store.schema import message_shard_table
 from inboxd.timeutil import now_us
 from tests import arrange
@@ -119,6 +119,19 @@ def _check(conn: sqlite3.Connection, index: str = tidy.CONTACTS) -> None:
     conn.execute(f"INSERT INTO {index}({index}) VALUES ('integrity-check')")
 
 
+def _merge_all(
+    store: Store, index: str = tidy.CONTACTS, each: Callable[[int], None] | None = None
+) -> int:
+    """Steps of a page until one does no work; the steps that did. Bounded: a step that
+    reported work for ever would fail the test here, not hang it."""
+    for steps in range(1_000):
+        if not store.write_sync(tidy.step, index, 1):
+            return steps
+        if each is not None:
+            each(steps + 1)
+    pytest.fail("a step still reported work after 1,000 steps")
+
+
 def test_merging_keeps_every_answer_and_leaves_a_btree_a_level(seeded: Seed, store: Store) -> None:
     _arrive(store, seeded, _GROUPS)
     before = _answers(store, seeded)
@@ -128,12 +141,12 @@ def test_merging_keeps_every_answer_and_leaves_a_btree_a_level(seeded: Seed, sto
     assert before[seeded.sales_id, "hopper", 50]  # (the queries find contacts)
     assert before[seeded.sales_id, "renamed", 50]
     assert not before[seeded.sales_id, "Old Name", 50]  # renamed away (a delete in the index)
-    steps = 0
-    while store.write_sync(
-        tidy.step, tidy.CONTACTS, 1
-    ):  # a page a step: many steps, merges left half done
-        steps += 1
-        assert _answers(store, seeded) == before, steps
+
+    def same_answers(step: int) -> None:
+        assert _answers(store, seeded) == before, step
+
+    # A page a step: several steps, merges left half done between them.
+    steps = _merge_all(store, each=same_answers)
     assert steps >= 2
     merged = store.read_sync(_levels)
     assert max(merged) == 1 and sum(merged) < sum(levels), (levels, merged)
@@ -151,8 +164,7 @@ def test_merging_keeps_every_answer_and_leaves_a_btree_a_level(seeded: Seed, sto
     # New contacts still go in, and a later pass merges their b-trees too.
     _arrive(store, seeded, [5, 5, 1, 1], first=500)
     assert max(store.read_sync(_levels)) >= 2
-    while store.write_sync(tidy.step, tidy.CONTACTS, 1):
-        pass
+    assert _merge_all(store) >= 1
     assert max(store.read_sync(_levels)) == 1
     store.write_sync(_check)
 
@@ -180,10 +192,27 @@ def test_a_stop_between_steps_or_inside_one_loses_nothing(seeded: Seed) -> None:
     try:
         assert _answers(store, seeded) == before
         store.write_sync(_check)
-        steps = 0
-        while store.write_sync(tidy.step, tidy.CONTACTS, 1):
-            steps += 1
-        assert steps > 0 and max(store.read_sync(_levels)) == 1
+        # As the daemon's writer runs them: a batch, a savepoint a write, one COMMIT. The failed
+        # step rolls back alone; the ingest after it and the next step commit.
+        who = store.read_sync(accounts.authenticate, seeded.owner_key)
+        arrival = arrange.inbound_text(seeded.sales_id, "4939000001", "hi", "Late Arrival")
+        batch = [
+            WriteRequest(step_then_fail, ()),
+            WriteRequest(messages.ingest, (who, arrival, now_us())),
+            WriteRequest(tidy.step, (tidy.CONTACTS, 1)),
+        ]
+        conn = writer_connection(seeded.data_dir / "inboxd.db")
+        try:
+            run_batch(conn, batch)
+        finally:
+            conn.close()
+        assert isinstance(batch[0].error, RuntimeError)
+        assert batch[1].error is None and batch[2].error is None and batch[2].result is True
+        assert _answers(store, seeded) == before  # (no query of the list finds the new one)
+        late = store.read_sync(conversations.search, who, seeded.sales_id, "late arr", 50)
+        assert [c["contact"]["phoneNumber"] for c in json.loads(late.contacts)] == ["4939000001"]
+        assert _merge_all(store) > 0
+        assert max(store.read_sync(_levels)) == 1
         assert _answers(store, seeded) == before
         store.write_sync(_check)
     finally:
@@ -222,34 +251,58 @@ async def test_the_daemons_pass_merges_the_index_and_logs_it(
 
 
 @pytest.fixture
-def fragmented(seeded: Seed, monkeypatch: pytest.MonkeyPatch) -> Callable[[Store], list[int]]:
-    """A contact index left in many b-trees; the daemon's first look 2 s after its start.
-    Requested before the daemon's fixtures, so that the daemon starts on this store."""
+def fragmented(seeded: Seed, monkeypatch: pytest.MonkeyPatch) -> int:
+    """A contact index left in many b-trees, and the sales channel's own message index started
+    and a few steps filled (a daemon stopped midway), its automatic merging off so that each
+    step leaves a b-tree; the daemon's first look 2 s after its start. Returns the sales
+    channel's pk. Requested before the daemon's fixtures, so that the daemon starts on this
+    store."""
     monkeypatch.setattr(daemon, "SEARCH_FIRST_CHECK_SECONDS", 2.0)
     monkeypatch.setattr(tidy, "STEP_PAGES", 1)
+    monkeypatch.setattr(shards, "SHARD_MESSAGES", 40)
+    monkeypatch.setattr(shards, "STEP_ROWS", 5)
     store = Store.open(seeded.data_dir, readers=1)
     try:
         _arrive(store, seeded, _GROUPS)
         assert max(store.read_sync(_levels)) >= 2
+        who = store.read_sync(accounts.authenticate, seeded.owner_key)
+        at = now_us()
+        for n in range(60):
+            new = arrange.inbound_text(seeded.sales_id, f"4933{n:04d}", f"parcel {n}")
+            store.write_sync(messages.ingest, who, new, at + n)
+        sales = store.read_sync(
+            lambda c: c.execute(
+                "SELECT pk FROM channels WHERE id = ?", (seeded.sales_id,)
+            ).fetchone()[0]
+        )
+        assert store.write_sync(shards.start, sales, at)
+        store.write_sync(_automerge, 0, message_shard_table(sales))
+        for _ in range(3):
+            assert store.write_sync(shards.step, sales, at, 5)
+        return int(sales)
     finally:
         store.close()
-    return lambda s: s.read_sync(_levels)
 
 
-async def test_the_running_daemon_merges_the_index_through_its_writer_process(
-    fragmented: Callable[[Store], list[int]], owner: httpx.AsyncClient, seeded: Seed, store: Store
+async def test_the_running_daemon_merges_the_indexes_through_its_writer_process(
+    fragmented: int, owner: httpx.AsyncClient, seeded: Seed, store: Store
 ) -> None:
-    """The daemon as it runs (its hourly task, its writer process) merges the index a minute
-    after it starts (2 s here), while contacts keep arriving through the API."""
+    """The daemon as it runs (its hourly task, its writer process), a minute after it starts (2 s
+    here), while contacts keep arriving through the API: its first pass finishes the channel's
+    own index and then merges it and the contact index (the next pass is an hour away)."""
+    index = message_shard_table(fragmented)
     for n in range(10):
         await ingest(
             owner, seeded.sales_id, f"4931{n:06d}", content="hello",
             contact={"name": f"Grace Hopper {n}"},
         )  # fmt: skip
     with trio.fail_after(30):
-        while max(fragmented(store)) > 1:  # noqa: ASYNC110 (the store)
+        while store.read_sync(shards.ready_channels) != (fragmented,):  # noqa: ASYNC110
+            await trio.sleep(0.05)
+        while max(store.read_sync(_levels)) > 1 or max(store.read_sync(_levels, index)) > 1:  # noqa: ASYNC110
             await trio.sleep(0.05)
     store.write_sync(_check)
+    store.write_sync(_check, index)
     got = await owner.get(
         "/api/v1/inbox/conversations/search",
         params={"channelId": seeded.sales_id, "query": "grace hopper", "limit": 50},
@@ -257,6 +310,13 @@ async def test_the_running_daemon_merges_the_index_through_its_writer_process(
     assert got.status_code == 200, got.text
     found = sorted(c["contact"]["phoneNumber"] for c in got.json()["contacts"])
     assert found == [f"4931{n:06d}" for n in range(10)]
+    for n in (0, 31, 59):
+        got = await owner.get(
+            "/api/v1/inbox/conversations/search",
+            params={"channelId": seeded.sales_id, "query": f"parcel {n}", "limit": 50},
+        )
+        assert got.status_code == 200, got.text
+        assert [c["contact"]["phoneNumber"] for c in got.json()["messages"]] == [f"4933{n:04d}"]
 
 
 def test_only_the_indexes_kept_merged_are_named() -> None:

@@ -2,9 +2,11 @@
 channels' own message indexes (store/shards.py).
 
 FTS5 keeps an index as b-trees ("segments") on levels: each write adds a small one, and its
-automatic merging (``automerge``, 4 by default) merges four of a level into one on the next. So
-a level keeps up to three, and each of a query's terms is looked up in each b-tree, seeking the
-channel's rows in each.
+automatic merging (``automerge``, 4 by default) merges four or more of a level into one on the
+next. It does that work a little at a time, about once per 64 leaf pages written, so small
+b-trees pile up between (level 0 holds up to fifteen before a merge is forced at sixteen,
+``crisismerge``), and a level above may keep three or four. Each of a query's terms is looked up
+in each b-tree, seeking the channel's rows in each.
 
 - ``contacts_fts``, which every search reads first (names and phone numbers), held ten b-trees
   on the generated store's million contacts (three of 8,300 pages, three of 2,100, four small)
@@ -25,11 +27,18 @@ twenty-fifth session):
 
 ``step`` does a little of FTS5's own incremental merge, the ``'merge'`` command, with
 ``usermerge`` set to 2: any level holding two b-trees or more is merged into one on the next,
-so an index keeps at most one a level. The contact index took 489 steps of ``STEP_PAGES``, 3.2 s
-(a step 5.6 ms on the median, 23.5 ms at most); the own index (1.54 million messages) 1,242
-steps, 10.4 s (6.7 ms, 67.8 ms at most). A b-tree is rewritten once each time it moves up a
-level, as automatic merging does, so a large index is not rewritten for a few new rows;
-merging it all into one (``'optimize'``) would be.
+so right after a pass an index holds at most one a level. A step writes about ``STEP_PAGES``
+pages: a merge stops only at the end of a term, so a step that meets a frequent term's long
+list writes all of it (up to 447 pages, 24-28 ms, in a review's test on an index shaped like the
+contact index). The contact index took 489 steps, 3.2 s of steps (a step 5.6 ms on the median,
+23.5 ms at most; with the daemon's 10 ms pauses about 8 s); the own index (1.54 million
+messages) 1,242 steps, 10.4 s (6.7 ms, 67.8 ms at most; about 23 s with the pauses).
+
+The merges then run like a binary counter: the b-trees made of later rows are merged level by
+level, and the largest is rewritten when the one made of the rows since reaches its level,
+which takes twice as long each time. In a review's model of hourly passes with steady arrivals
+the whole index was rewritten at passes 1, 3, 7, 15 and 31: about a dozen times in a year, where
+merging it all into one at each pass (``'optimize'``) would rewrite it every hour.
 
 The shared message index is not merged: on the same store, merging ``messages_fts``'s fourteen
 b-trees into one (60 s, 2.2 GB written) left the median and smallest channels' message searches
@@ -50,9 +59,9 @@ from typing import Final
 from inboxd.store.schema import message_shard_table
 from inboxd.store.shards import ready_channels
 
-# Leaf pages a step writes at most (FTS5 pages, ``pgsz`` 4,050 bytes): a step took 5.6-6.7 ms
-# on the median, 67.8 ms at most, on the generated store (above); an API write batched with a
-# step waits for it.
+# Leaf pages a step writes, about (FTS5 pages, ``pgsz`` 4,050 bytes; more where a term's list is
+# longer, above): a step took 5.6-6.7 ms on the median, 67.8 ms at most, on the generated store;
+# an API write batched with a step waits for it.
 STEP_PAGES: Final = 64
 # Merge any level holding this many b-trees (FTS5 allows 2-16; its default is 4).
 USERMERGE: Final = 2
@@ -84,7 +93,7 @@ def btrees(conn: sqlite3.Connection, index: str) -> int:
 
 
 def step(conn: sqlite3.Connection, index: str, pages: int = STEP_PAGES) -> bool:
-    """Merge up to about ``pages`` pages of ``index``'s b-trees; returns whether it did any work
+    """Merge about ``pages`` pages of ``index``'s b-trees (more to finish a term's list); returns whether it did any work
     (False: nothing was left to merge). The ``usermerge`` setting goes into the index's config
     table on the first step (it changes what the ``'merge'`` command merges, and nothing else:
     writes keep their automatic merging)."""
