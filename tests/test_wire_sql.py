@@ -204,6 +204,8 @@ def test_message_sql_json_matches_the_wire_module(
         return int(pk)
 
     pk = store.write_sync(arrange)
-    from_sql = store.read_sync(lambda c: messages.load_json(c, [pk]))
+    who = store.read_sync(accounts.authenticate, seed.owner_key)
+    page = store.read_sync(messages.history_json, who, conv_id, "all", 200, None)
     from_model = store.read_sync(lambda c: messages.load_one(c, pk))
-    assert json.loads(from_sql) == [wire.message(from_model)]
+    from_sql = [m for m in json.loads(page.json) if m["id"] == from_model.id]
+    assert from_sql == [wire.message(from_model)]

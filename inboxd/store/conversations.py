@@ -134,6 +134,19 @@ def get(conn: sqlite3.Connection, who: Principal, conversation_id: str) -> Conve
     return _conversation(row)
 
 
+def locate(conn: sqlite3.Connection, who: Principal, conversation_id: str) -> tuple[int, str, str]:
+    """The pk, id and channel id of one conversation the principal can see (what a history page
+    needs of it); NotFound otherwise, as ``get``."""
+    row = conn.execute(
+        "SELECT c.pk, c.channel_pk, c.id, ch.id FROM conversations c"
+        " JOIN channels ch ON ch.pk = c.channel_pk WHERE c.id = ? AND c.account_pk = ?",
+        (conversation_id, who.account_pk),
+    ).fetchone()
+    if row is None or not who.can_open(row[1]):
+        raise NotFound(f"conversation {conversation_id} does not exist")
+    return int(row[0]), str(row[2]), str(row[3])
+
+
 def get_json(conn: sqlite3.Connection, who: Principal, conversation_id: str) -> bytes:
     """``get``, already encoded for the wire (what the API serves), as UTF-8."""
     row = conn.execute(

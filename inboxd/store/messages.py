@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
@@ -27,14 +26,16 @@ from inboxd.store import conversations, events
 from inboxd.store.accounts import visible_channel
 from inboxd.store.schema import iso_sql
 
-# What a message row is read with: its conversation, channel, author and quoted message.
-_FROM: Final = """FROM messages m
-JOIN conversations c ON c.pk = m.conversation_pk
-JOIN channels ch ON ch.pk = m.channel_pk
-LEFT JOIN users a ON a.pk = m.author_user_pk
+# What a message row is read with: its author and quoted message, and (_FROM) its conversation
+# and channel.
+_AUTHOR_AND_QUOTED: Final = """LEFT JOIN users a ON a.pk = m.author_user_pk
 LEFT JOIN messages q ON q.pk = m.quoted_message_pk
 LEFT JOIN conversations qc ON qc.pk = q.conversation_pk
 LEFT JOIN contacts qct ON qct.pk = qc.contact_pk"""
+_FROM: Final = f"""FROM messages m
+JOIN conversations c ON c.pk = m.conversation_pk
+JOIN channels ch ON ch.pk = m.channel_pk
+{_AUTHOR_AND_QUOTED}"""
 
 _SELECT: Final = f"""
 SELECT m.pk, m.id, c.id AS conversation_id, ch.id AS channel_id, m.channel_pk, m.direction,
@@ -116,23 +117,30 @@ def _message(r: sqlite3.Row) -> Message:
     )
 
 
-_iso = iso_sql
+def _iso_or_null(column: str) -> str:
+    """iso_sql for a column that may be NULL, skipping the formatting there (a NULL date-time
+    cost about 0.27 us a row through strftime and printf; a history page has three a message)."""
+    return f"CASE WHEN {column} IS NULL THEN NULL ELSE {iso_sql(column)} END"
 
-# A Message as wire.message writes it, built by SQLite (see conversations._JSON_SELECT for why);
-# a test holds the two to the same output. SQLite prints doubles with 15 significant digits (not
-# exact, and the largest ones overflow to infinity when read back), so the REAL columns are left
-# null in the JSON and come back raw beside it; a row that has one is filled in by Python
-# (shortest round-trip repr). Most messages have none.
-# As UTF-8 bytes, which the response takes as they are (see conversations.WIRE_JSON).
-_JSON_SELECT: Final = f"""
+
+# One conversation's messages (a history page), each as wire.message writes it, built by SQLite
+# (see conversations._JSON_SELECT for why); a test holds the two to the same output. The
+# conversation's and channel's ids come as parameters (a page is one conversation's), so they
+# cost no join. SQLite prints doubles with 15 significant digits (not exact, and the largest ones
+# overflow to infinity when read back), so the REAL columns are left null in the JSON and come
+# back raw beside it; a row that has one is filled in by Python (shortest round-trip repr). Most
+# messages have none. As UTF-8 bytes, which the response takes as they are (see
+# conversations.WIRE_JSON).
+_HISTORY_JSON_SELECT: Final = f"""
 SELECT m.pk, m.created_at, m.media_duration, m.latitude, m.longitude, CAST(json_object(
-    'id', m.id, 'conversationId', c.id, 'channelId', ch.id, 'direction', m.direction,
+    'id', m.id, 'conversationId', :conversation_id, 'channelId', :channel_id,
+    'direction', m.direction,
     'type', m.type, 'content', m.content, 'mediaUrl', m.media_url, 'mediaType', m.media_type,
     'fileName', m.file_name, 'fileSize', m.file_size, 'mediaDuration', NULL,
     'thumbnailUrl', m.thumbnail_url, 'templateName', m.template_name,
     'templateLanguage', m.template_language, 'status', m.status, 'externalId', m.external_id,
-    'sentAt', {_iso("m.sent_at")}, 'deliveredAt', {_iso("m.delivered_at")},
-    'readAt', {_iso("m.read_at")}, 'createdAt', {_iso("m.created_at")},
+    'sentAt', {_iso_or_null("m.sent_at")}, 'deliveredAt', {_iso_or_null("m.delivered_at")},
+    'readAt', {_iso_or_null("m.read_at")}, 'createdAt', {iso_sql("m.created_at")},
     'systemEventSource', m.system_event_source,
     'systemEventOperatorName', m.system_event_operator_name,
     'systemEventOperatorEmail', m.system_event_operator_email,
@@ -145,7 +153,8 @@ SELECT m.pk, m.created_at, m.media_duration, m.latitude, m.longitude, CAST(json_
                                'contactPhone', qct.phone_number, 'mediaUrl', q.media_url,
                                'fileName', q.file_name) END,
     'latitude', NULL, 'longitude', NULL) AS BLOB)
-{_FROM}
+FROM messages m
+{_AUTHOR_AND_QUOTED}
 """
 
 
@@ -156,18 +165,6 @@ def _exact_floats(r: sqlite3.Row | tuple[Any, ...]) -> bytes:
     fixed = orjson.loads(text)
     fixed["mediaDuration"], fixed["latitude"], fixed["longitude"] = r[2], r[3], r[4]
     return orjson.dumps(fixed)
-
-
-def load_json(conn: sqlite3.Connection, pks: Sequence[int]) -> bytes:
-    """Messages by pk as one JSON array (UTF-8), in the order given."""
-    if not pks:
-        return b"[]"
-    marks = ",".join("?" * len(pks))
-    by_pk = {
-        r[0]: _exact_floats(r)
-        for r in conn.execute(f"{_JSON_SELECT} WHERE m.pk IN ({marks})", list(pks))
-    }
-    return b"[" + b",".join([by_pk[pk] for pk in pks if pk in by_pk]) + b"]"
 
 
 def load_one(conn: sqlite3.Connection, pk: int) -> Message:
@@ -575,36 +572,6 @@ def set_status(
 KINDS: Final = ("all", "messages", "system")
 
 
-def _history_pks(
-    conn: sqlite3.Connection,
-    who: Principal,
-    conversation_id: str,
-    kind: str,
-    limit: int,
-    cursor: tuple[int, int] | None,
-) -> list[tuple[int, int]]:
-    """Up to ``limit + 1`` (pk, created_at) of the page, newest first."""
-    conv = conversations.get(conn, who, conversation_id)
-    where = ["m.conversation_pk = ?"]
-    params: list[object] = [conv.pk]
-    if kind == "messages":
-        where.append("m.is_system = 0")
-    elif kind == "system":
-        where.append("m.is_system = 1")
-    if cursor is not None:
-        where.append("(m.created_at, m.pk) < (?, ?)")
-        params += list(cursor)
-    params.append(limit + 1)
-    return [
-        (r[0], r[1])
-        for r in conn.execute(
-            f"SELECT m.pk, m.created_at FROM messages m WHERE {' AND '.join(where)}"
-            " ORDER BY m.created_at DESC, m.pk DESC LIMIT ?",
-            params,
-        )
-    ]
-
-
 @attrs.frozen
 class JsonHistoryPage:
     json: bytes  # the page's messages as a JSON array (UTF-8)
@@ -621,10 +588,33 @@ def history_json(
     cursor: tuple[int, int] | None,
 ) -> JsonHistoryPage:
     """A conversation's messages, newest first, encoded for the wire; ``kind`` keeps all,
-    non-SYSTEM or SYSTEM rows."""
-    keys = _history_pks(conn, who, conversation_id, kind, limit, cursor)
-    page = keys[:limit]
-    last = (page[-1][1], page[-1][0]) if page else None
+    non-SYSTEM or SYSTEM rows. One statement walks the conversation's messages in the index's
+    order and builds each row's JSON as it goes, one row past the page (to tell whether there
+    is more): at the store, 458 -> 343 us for a 50-message page of the generated store against
+    reading the keys first and then the rows by key (timed by hand, both alternating)."""
+    conversation_pk, stored_id, channel_id = conversations.locate(conn, who, conversation_id)
+    where = ["m.conversation_pk = :conversation_pk"]
+    if kind == "messages":
+        where.append("m.is_system = 0")
+    elif kind == "system":
+        where.append("m.is_system = 1")
+    if cursor is not None:
+        where.append("(m.created_at, m.pk) < (:cursor_at, :cursor_pk)")
+    rows = conn.execute(
+        f"{_HISTORY_JSON_SELECT} WHERE {' AND '.join(where)}"
+        " ORDER BY m.created_at DESC, m.pk DESC LIMIT :rows",
+        {
+            "conversation_id": stored_id,
+            "channel_id": channel_id,
+            "conversation_pk": conversation_pk,
+            "cursor_at": None if cursor is None else cursor[0],
+            "cursor_pk": None if cursor is None else cursor[1],
+            "rows": limit + 1,
+        },
+    ).fetchall()
+    page = rows[:limit]
     return JsonHistoryPage(
-        json=load_json(conn, [pk for pk, _ in page]), last=last, has_more=len(keys) > limit
+        json=b"[" + b",".join([_exact_floats(r) for r in page]) + b"]",
+        last=(page[-1][1], page[-1][0]) if page else None,
+        has_more=len(rows) > limit,
     )
