@@ -115,6 +115,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
             "read one": _scope(f"/api/v1/inbox/conversations/{conversation}", key),
             "counts": _scope("/api/v1/inbox/conversations/counts", key),
             "list page (50)": _scope("/api/v1/inbox/conversations", key),
+            "history page (50)": _scope(
+                f"/api/v1/inbox/conversations/{conversation}/messages", key
+            ),
         }
         bare_scope = _scope("/ceiling", [])
         if (await call(bare_scope, bare))[0]["status"] != 200:

@@ -43,6 +43,7 @@ class _StoreCounters(Collector):
         self.loop_disk_waits = 0
         self.writer_starts = 0
         self.in_memory = False
+        self.reads = (0, 0)  # (on the trio thread, in worker threads)
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -51,6 +52,16 @@ class _StoreCounters(Collector):
             " kind of read or write to worker threads for a second (inboxd/store/db.py).",
             value=self.loop_disk_waits,
         )
+        reads = CounterMetricFamily(
+            "inboxd_store_reads",
+            "Reads of the store by where they ran: on the trio thread within its budget, or in a"
+            " worker thread (over the budget, after a disk wait, during a warm-up, or sent there"
+            " for a second after one of those; inboxd/store/db.py).",
+            labels=["on"],
+        )
+        reads.add_metric(["trio_thread"], self.reads[0])
+        reads.add_metric(["worker_thread"], self.reads[1])
+        yield reads
         yield GaugeMetricFamily(
             "inboxd_store_in_memory",
             "1 while the warm-up child holds the whole database file in memory (reads run on the"
@@ -148,10 +159,12 @@ class Metrics:
         feed_clients: int,
         supervisors: int,
         loop_disk_waits: int,
+        reads: tuple[int, int],
         writer_starts: int = 0,
         in_memory: bool = False,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
+        self._store.reads = reads
         self._store.in_memory = in_memory
         self._store.writer_starts = writer_starts
         for state in URL_STATES:

@@ -179,3 +179,22 @@ async def test_the_process_and_its_garbage_collector_are_exported(anon: httpx.As
             after = await scrape(anon)
     # An in-process daemon (tests) never freezes the heap: only `inboxd serve` does (test_cli).
     assert value(after, "inboxd_gc_frozen_objects") == gc.get_freeze_count()
+
+
+async def test_reads_are_counted_by_where_they_ran(
+    anon: httpx.AsyncClient, owner: httpx.AsyncClient
+) -> None:
+    """``inboxd_store_reads_total``: with the store held in memory the API's reads run on the
+    trio thread (inboxd/store/db.py), and each is counted there."""
+    before = await scrape(anon)
+    with trio.fail_after(10):
+        while value(before, "inboxd_store_in_memory") != 1:
+            await trio.sleep(0.05)
+            before = await scrape(anon)
+    for _ in range(5):
+        assert (await owner.get("/api/v1/inbox/conversations/counts")).status_code == 200
+    after = await scrape(anon)
+    on_loop = value(after, "inboxd_store_reads_total", on="trio_thread")
+    assert on_loop >= value(before, "inboxd_store_reads_total", on="trio_thread") + 5
+    threads = "inboxd_store_reads_total"
+    assert value(after, threads, on="worker_thread") >= value(before, threads, on="worker_thread")
