@@ -6,7 +6,8 @@ calls the app the daemon serves (``create_app`` on the given store) with an ASGI
 request at a time, and times the thread's CPU per request; each figure is the minimum over
 ``--rounds`` rounds of ``--requests`` requests (the least disturbed round). Beside the API's
 reads it adds to the same app a bare 1 KB JSON route (at the app, in a blueprint, and in a
-blueprint behind the API's key check), so the table shows what each layer adds; and times the
+blueprint behind the API's key check), so the table shows what each layer adds (the API's reads:
+read one, counts, the first list page and a history page); and times the
 bare quart-trio app of ``bench http``'s ceiling (``bench/bare.py``) called the same way, the
 store's read of one conversation and the key cache's hit alone, the first list page read at the
 store as the route reads it and as it read it before the twentieth session (two statements),
