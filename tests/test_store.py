@@ -501,8 +501,9 @@ def device(patient_store: Store) -> Device:
 
 
 async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
-    patient_store: Store, device: Device
+    patient_store: Store, device: Device, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="inboxd.store")
     store = patient_store
     loop_thread = threading.get_ident()
     ran_on: list[int] = []
@@ -514,6 +515,11 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
 
     assert await store.read(cold_read) == 10  # answered: the wait has already happened
     assert ran_on == [loop_thread] and store.loop_disk_waits == 1
+    # The log says which function it was, for an operator asking what the count in /metrics was.
+    (waited,) = [
+        r for r in caplog.records if r.getMessage() == "the trio thread waited for the disk"
+    ]
+    assert (waited.function, waited.blocks) == (cold_read.__qualname__, 8)  # type: ignore[attr-defined]
     # Its next reads warm the pages up in a worker thread, never on the loop.
     assert await store.read(cold_read) == 10
     assert ran_on[1] != loop_thread and store.loop_disk_waits == 1

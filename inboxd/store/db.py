@@ -1202,6 +1202,17 @@ class Store:
             return False
         self.loop_disk_waits += 1
         self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
+        # (at most once a function a second, by the backoff: what a loop disk wait counted in
+        # /metrics was, for one that should not have happened)
+        log.info(
+            "the trio thread waited for the disk",
+            extra={
+                "function": getattr(kind, "__qualname__", None) or repr(kind),
+                "blocks": blocks_after - blocks_before,
+                "in_memory": self.in_memory,
+                "to_threads_for_seconds": INLINE_BACKOFF_SECONDS,
+            },
+        )
         return True
 
     @staticmethod
