@@ -637,6 +637,7 @@ def run(args: argparse.Namespace) -> int:
     slice_shares: dict[str, list[float]] = {}
     read_seconds: dict[str, float] = {}
     write_targets: dict[str, list[str]] = {}
+    row_waits: dict[str, float] = {}  # loop disk waits while each row ran (its warm-up too)
     bare = None
     try:
         base = f"http://127.0.0.1:{port}"
@@ -673,6 +674,7 @@ def run(args: argparse.Namespace) -> int:
             if args.read_through:
                 store_files = [db_path(data), Path(f"{db_path(data)}-wal")]
                 read_seconds[name] = round(timed(read_through, store_files), 2)
+            waits_before = loop_disk_waits(base)
             slices = max(1, int(args.seconds // 3))
             each = max(1.0, args.seconds / slices)
             mine, theirs, patches, sized = [], [], [], []
@@ -705,6 +707,9 @@ def run(args: argparse.Namespace) -> int:
             slice_shares[name] = [
                 m["rps"] / t["rps"] for m, t in zip(mine, theirs, strict=True) if t["rps"] > 0
             ]
+            waits_after = loop_disk_waits(base)
+            if waits_before is not None and waits_after is not None:
+                row_waits[name] = waits_after - waits_before
 
         def wanted(name: str) -> bool:
             words = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -807,6 +812,12 @@ def run(args: argparse.Namespace) -> int:
         where = ""  # (a revision before inboxd_store_in_memory: not said)
         if kept is not None:
             where = f"; at the end the store was {'' if kept else 'not '}held in memory"
+        if waits:  # where they came (the daemon's log names each one's function, at info)
+            during = [f"{n:.0f} in {name}" for name, n in row_waits.items() if n]
+            outside = waits - sum(row_waits.values())
+            if outside:
+                during.append(f"{outside:.0f} outside the rows (start-up, between rows)")
+            where += f" ({', '.join(during)})"
         rows.append(
             (
                 "loop disk waits over the run",
@@ -860,6 +871,7 @@ def run(args: argparse.Namespace) -> int:
             "read_through_seconds": read_seconds,
             "targets": targets,
             "slice_shares": slice_shares,
+            "loop_disk_waits_by_row": row_waits,
         },
     )
     return 0
