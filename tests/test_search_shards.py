@@ -22,6 +22,7 @@ from inboxd.store.schema import SEARCH_CHANNEL_SHIFT, SEARCH_PK_MASK, message_sh
 from inboxd.timeutil import now_us
 from tests import arrange
 from tests.conftest import Seed, ingest
+from tests.fts5_records import varint
 
 _WORDS = [
     "order", "refund", "please", "help", "the", "parcel", "delivery", "address", "café",
@@ -90,14 +91,7 @@ def _rows_indexed(conn: sqlite3.Connection, channel_pk: int) -> int:
     blob = conn.execute(
         f"SELECT block FROM {message_shard_table(channel_pk)}_data WHERE id = 1"
     ).fetchone()[0]
-    value = 0
-    for i, byte in enumerate(blob[:9]):
-        if i == 8:
-            return (value << 8) | byte
-        value = (value << 7) | (byte & 0x7F)
-        if not byte & 0x80:
-            return value
-    raise AssertionError("unreachable")
+    return varint(blob, 0)[0]
 
 
 def _sales_pk(store: Store, seeded: Seed) -> int:

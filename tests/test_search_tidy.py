@@ -21,6 +21,7 @@ from inboxd.store.schema import message_shard_table
 from inboxd.timeutil import now_us
 from tests import arrange
 from tests.conftest import Seed, ingest
+from tests.fts5_records import varint
 
 _FIRST = ["Ada", "Lin", "Mateo", "Zoë", "Ольга", "Kim", "José", "Ngozi"]
 _LAST = ["Hopper", "Schulz", "Ruiz", "Иванова", "Park", "Müller", "Okafor", "Lovelace"]
@@ -30,34 +31,21 @@ _QUERIES = [
 ]  # fmt: skip
 
 
-def _varint(blob: bytes, i: int) -> tuple[int, int]:
-    value = 0
-    for k in range(9):
-        byte = blob[i]
-        i += 1
-        if k == 8:
-            return (value << 8) | byte, i
-        value = (value << 7) | (byte & 0x7F)
-        if not byte & 0x80:
-            return value, i
-    raise AssertionError("unreachable")
-
-
 def _levels(conn: sqlite3.Connection, index: str = tidy.CONTACTS) -> list[int]:
     """How many b-trees each level of an index holds, from FTS5's structure record (row 10 of
     its _data table: a 4-byte cookie, then varints: levels, b-trees, writes, and for each level
     its merge state, its count of b-trees and each one's id and first and last page)."""
     blob = conn.execute(f"SELECT block FROM {index}_data WHERE id = 10").fetchone()[0]
     i = 4
-    levels, i = _varint(blob, i)
-    _, i = _varint(blob, i)
-    _, i = _varint(blob, i)
+    levels, i = varint(blob, i)
+    _, i = varint(blob, i)
+    _, i = varint(blob, i)
     out = []
     for _ in range(levels):
-        _, i = _varint(blob, i)
-        count, i = _varint(blob, i)
+        _, i = varint(blob, i)
+        count, i = varint(blob, i)
         for _ in range(3 * count):
-            _, i = _varint(blob, i)
+            _, i = varint(blob, i)
         out.append(count)
     return out
 
