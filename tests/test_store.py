@@ -515,11 +515,16 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
 
     assert await store.read(cold_read) == 10  # answered: the wait has already happened
     assert ran_on == [loop_thread] and store.loop_disk_waits == 1
-    # The log says which function it was, for an operator asking what the count in /metrics was.
+    # The log says which function it was, for an operator asking what the count in /metrics
+    # was: info here, where no warm-up child holds the store (waits are to be expected).
     (waited,) = [
         r for r in caplog.records if r.getMessage() == "the trio thread waited for the disk"
     ]
-    assert (waited.function, waited.blocks) == (cold_read.__qualname__, 8)  # type: ignore[attr-defined]
+    assert (waited.levelno, waited.function, waited.blocks) == (  # type: ignore[attr-defined]
+        logging.INFO,
+        cold_read.__qualname__,
+        8,
+    )
     # Its next reads warm the pages up in a worker thread, never on the loop.
     assert await store.read(cold_read) == 10
     assert ran_on[1] != loop_thread and store.loop_disk_waits == 1
@@ -527,6 +532,18 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
     # Reads that find their pages in memory stay on the loop.
     assert await store.read(count_to, 5) == 5
     assert (store.inline_reads, store.offloaded_reads, store.loop_disk_waits) == (2, 1, 1)
+    # Where the store is held in memory a wait should not happen at all: a warning.
+    store.set_in_memory(True)
+
+    def cold_count(conn: sqlite3.Connection) -> int:
+        device.bump(2)
+        return count_to(conn, 3)
+
+    assert await store.read(cold_count) == 3 and store.loop_disk_waits == 2
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(r.getMessage(), r.function) for r in warned] == [  # type: ignore[attr-defined]
+        ("the trio thread waited for the disk", cold_count.__qualname__)
+    ]
 
 
 async def test_while_the_store_is_being_read_in_no_read_or_write_runs_on_the_loop(

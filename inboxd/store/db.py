@@ -1202,9 +1202,11 @@ class Store:
             return False
         self.loop_disk_waits += 1
         self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
-        # (at most once a function a second, by the backoff: what a loop disk wait counted in
-        # /metrics was, for one that should not have happened)
-        log.info(
+        # (at most once a function a second, by the backoff.) Where the warm-up child holds the
+        # store in memory none should happen: a warning, naming what it was. Where the store is
+        # not held (too large, or warm_cache off) they are expected, and info.
+        log.log(
+            logging.WARNING if self.in_memory else logging.INFO,
             "the trio thread waited for the disk",
             extra={
                 "function": getattr(kind, "__qualname__", None) or repr(kind),
