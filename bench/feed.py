@@ -47,15 +47,18 @@ def pct(values: list[float], q: float) -> float:
 
 
 def start(
-    args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT
+    args: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT, log: Any = None
 ) -> subprocess.Popen[bytes]:
-    """``python ARGS`` from ``cwd`` (which ``-m`` imports from first)."""
+    """``python ARGS`` from ``cwd`` (which ``-m`` imports from first). Its stderr (a daemon's
+    log) goes to the terminal with ``BENCH_DAEMON_STDERR`` set, else to the file ``log`` if
+    given, else nowhere."""
+    stderr: Any = subprocess.DEVNULL if log is None else log
     return subprocess.Popen(
         [sys.executable, *args],
         cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
-        stderr=None if os.environ.get("BENCH_DAEMON_STDERR") else subprocess.DEVNULL,
+        stderr=None if os.environ.get("BENCH_DAEMON_STDERR") else stderr,
     )
 
 

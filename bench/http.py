@@ -39,7 +39,14 @@ import httpx
 from bench.common import daemon_metric, loop_disk_waits, report, search_indexes_up_to_date, timed
 from bench.feed import free_port, start, wait_http
 from inboxd.store import accounts, actions, conversations, messages, shards
-from inboxd.store.db import Store, WriteRequest, db_path, run_batch, writer_connection
+from inboxd.store.db import (
+    DISK_WAIT_LOG,
+    Store,
+    WriteRequest,
+    db_path,
+    run_batch,
+    writer_connection,
+)
 from inboxd.store.warm import read_through
 
 CONNECTIONS = 32
@@ -595,6 +602,20 @@ def write_floor_us(
         reset_for_writes(data, targets)
 
 
+def disk_wait_functions(log: bytes) -> list[str]:
+    """The functions named by the daemon's log lines for its loop disk waits, in order (one
+    line a JSON object; other lines are passed over)."""
+    out = []
+    for line in log.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("msg") == DISK_WAIT_LOG:
+            out.append(str(entry.get("function")))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
     search_indexes_up_to_date(data)
@@ -625,9 +646,12 @@ def run(args: argparse.Namespace) -> int:
     # Start-up on this store: from launching the process until /readyz answers (imports,
     # opening and migrating the store, the supervisors and deliverers started).
     launched = time.perf_counter()
+    # The daemon's log (warnings up), kept so that a loop disk wait can say what it was.
+    daemon_log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally, with the daemon)
     daemon = start(
         ["-m", "inboxd", "serve", "--data", str(data), "--bind", f"127.0.0.1:{port}"],
         {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"},
+        log=daemon_log,
     )
     results: dict[str, dict[str, Any]] = {}
     ceilings: dict[str, dict[str, Any]] = {}
@@ -736,6 +760,9 @@ def run(args: argparse.Namespace) -> int:
         if bare is not None:
             bare.terminate()
             bare.wait(15)
+        daemon_log.seek(0)
+        waited_in = disk_wait_functions(daemon_log.read())
+        daemon_log.close()
     floors = {name: floor_us(data, ids, *spec) for name, _, spec in reads if name in results}
     write_floors = {
         name: write_floor_us(data, ids, name.removeprefix("write: "), targets)
@@ -817,6 +844,8 @@ def run(args: argparse.Namespace) -> int:
             outside = waits - sum(row_waits.values())
             if outside:
                 during.append(f"{outside:.0f} outside the rows (start-up, between rows)")
+            if waited_in:
+                during.append(f"in {', '.join(waited_in)}")
             where += f" ({', '.join(during)})"
         rows.append(
             (
@@ -872,6 +901,7 @@ def run(args: argparse.Namespace) -> int:
             "targets": targets,
             "slice_shares": slice_shares,
             "loop_disk_waits_by_row": row_waits,
+            "loop_disk_wait_functions": waited_in,
         },
     )
     return 0

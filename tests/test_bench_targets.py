@@ -3,15 +3,20 @@ that "met" is strict and unrounded (BENCHMARKS.md, "Against the issue's targets"
 
 from __future__ import annotations
 
+import logging
+
 from bench.http import (
     _HISTOGRAM_LINE,
     LUA_HISTOGRAM,
     ceiling_over_too,
     combine,
+    disk_wait_functions,
     percentile_ms,
     share_target,
     verdicts,
 )
+from inboxd.logs import JsonFormatter
+from inboxd.store.db import DISK_WAIT_LOG
 
 
 def _row(rps: float, p99_ms: float) -> dict[str, float]:
@@ -125,3 +130,27 @@ def test_the_histogram_lines_wrk_prints_are_read_back() -> None:
         "Requests/sec:   1514.42\nTransfer/sec:      1.55MB\nlatency-us 812 3\nlatency-us 40011 1\n"
     )
     assert {int(us): int(n) for us, n in _HISTOGRAM_LINE.findall(out)} == {812: 3, 40_011: 1}
+
+
+def test_a_loop_disk_wait_is_named_from_the_daemons_log() -> None:
+    """The daemon's log lines (its JSON formatter) of two waits, among other lines: ``bench
+    http`` names their functions beside the run's count."""
+    logger = logging.getLogger("inboxd.store")
+
+    def line(msg: str, **extra: object) -> bytes:
+        record = logger.makeRecord(
+            logger.name, logging.WARNING, __file__, 1, msg, None, None, extra=extra
+        )
+        return JsonFormatter().format(record).encode()
+
+    log = b"\n".join(
+        [
+            b"[2026-11-27 15:00:00 +0000] [1] [INFO] Running on http://127.0.0.1:1",
+            line("writes succeed again"),
+            line(DISK_WAIT_LOG, function="history_json", blocks=8, in_memory=True),
+            line("the WAL index is not mapped where expected", function="not a wait"),
+            line(DISK_WAIT_LOG, function="Answered(rename)", blocks=1, in_memory=True),
+        ]
+    )
+    assert disk_wait_functions(log) == ["history_json", "Answered(rename)"]
+    assert disk_wait_functions(b"") == []

@@ -80,6 +80,8 @@ READ_DEADLINE_SECONDS: Final = 5.0
 INLINE_CPU_SECONDS: Final = 0.005
 INLINE_WALL_SECONDS: Final = 0.025
 INLINE_BACKOFF_SECONDS: Final = 1.0
+# The log line of each wait on the loop for the disk (``bench http`` looks for it).
+DISK_WAIT_LOG: Final = "the trio thread waited for the disk"
 # How often the daemon's checkpointer copies the WAL into the database file while writes come
 # in (Store.checkpoint_forever); SQLite's own automatic checkpoint would do it inside a COMMIT.
 CHECKPOINT_EVERY_SECONDS: Final = 1.0
@@ -1207,7 +1209,7 @@ class Store:
         # not held (too large, or warm_cache off) they are expected, and info.
         log.log(
             logging.WARNING if self.in_memory else logging.INFO,
-            "the trio thread waited for the disk",
+            DISK_WAIT_LOG,
             extra={
                 "function": getattr(kind, "__qualname__", None) or repr(kind),
                 "blocks": blocks_after - blocks_before,
