@@ -646,7 +646,8 @@ def run(args: argparse.Namespace) -> int:
     # Start-up on this store: from launching the process until /readyz answers (imports,
     # opening and migrating the store, the supervisors and deliverers started).
     launched = time.perf_counter()
-    # The daemon's log (warnings up), kept so that a loop disk wait can say what it was.
+    # The daemon's log (warnings up), kept so that a loop disk wait can say what it was: a wait
+    # is a warning where the store is held in memory (as it is here), info where it is not.
     daemon_log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally, with the daemon)
     daemon = start(
         ["-m", "inboxd", "serve", "--data", str(data), "--bind", f"127.0.0.1:{port}"],
@@ -755,14 +756,16 @@ def run(args: argparse.Namespace) -> int:
         waits = loop_disk_waits(base)
         kept = daemon_metric(base, "inboxd_store_in_memory")
     finally:
-        daemon.terminate()
-        daemon.wait(15)
-        if bare is not None:
-            bare.terminate()
-            bare.wait(15)
-        daemon_log.seek(0)
-        waited_in = disk_wait_functions(daemon_log.read())
-        daemon_log.close()
+        try:
+            daemon.terminate()
+            daemon.wait(15)
+            if bare is not None:
+                bare.terminate()
+                bare.wait(15)
+        finally:
+            daemon_log.seek(0)
+            waited_in = disk_wait_functions(daemon_log.read())
+            daemon_log.close()
     floors = {name: floor_us(data, ids, *spec) for name, _, spec in reads if name in results}
     write_floors = {
         name: write_floor_us(data, ids, name.removeprefix("write: "), targets)
@@ -839,13 +842,18 @@ def run(args: argparse.Namespace) -> int:
         where = ""  # (a revision before inboxd_store_in_memory: not said)
         if kept is not None:
             where = f"; at the end the store was {'' if kept else 'not '}held in memory"
-        if waits:  # where they came (the daemon's log names each one's function, at info)
+        if waits:  # where they came, and what they were (as far as the log at warning says)
             during = [f"{n:.0f} in {name}" for name, n in row_waits.items() if n]
             outside = waits - sum(row_waits.values())
             if outside:
                 during.append(f"{outside:.0f} outside the rows (start-up, between rows)")
-            if waited_in:
-                during.append(f"in {', '.join(waited_in)}")
+            named = Counter(waited_in)
+            if named:
+                during.append(
+                    "in " + "; ".join(f"{f} x{n}" if n > 1 else f for f, n in named.items())
+                )
+            if len(waited_in) < waits:
+                during.append(f"{waits - len(waited_in):.0f} not named (logged at info)")
             where += f" ({', '.join(during)})"
         rows.append(
             (

@@ -149,8 +149,8 @@ def test_a_loop_disk_wait_is_named_from_the_daemons_log() -> None:
             line("writes succeed again"),
             line(DISK_WAIT_LOG, function="history_json", blocks=8, in_memory=True),
             line("the WAL index is not mapped where expected", function="not a wait"),
-            line(DISK_WAIT_LOG, function="Answered(rename)", blocks=1, in_memory=True),
+            line(DISK_WAIT_LOG, function="RENAME_ANSWERED", blocks=1, in_memory=True),
         ]
     )
-    assert disk_wait_functions(log) == ["history_json", "Answered(rename)"]
+    assert disk_wait_functions(log) == ["history_json", "RENAME_ANSWERED"]
     assert disk_wait_functions(b"") == []

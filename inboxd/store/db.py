@@ -1211,7 +1211,10 @@ class Store:
             logging.WARNING if self.in_memory else logging.INFO,
             DISK_WAIT_LOG,
             extra={
-                "function": getattr(kind, "__qualname__", None) or repr(kind),
+                # (a write sent as an object, actions.Answered, by its name in that module)
+                "function": getattr(kind, "__qualname__", None)
+                or getattr(kind, "name", None)
+                or repr(kind),
                 "blocks": blocks_after - blocks_before,
                 "in_memory": self.in_memory,
                 "to_threads_for_seconds": INLINE_BACKOFF_SECONDS,
