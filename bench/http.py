@@ -36,7 +36,14 @@ from typing import Any
 
 import httpx
 
-from bench.common import daemon_metric, loop_disk_waits, report, search_indexes_up_to_date, timed
+from bench.common import (
+    daemon_metric,
+    loop_disk_waits,
+    report,
+    search_indexes_up_to_date,
+    thread_cpu_seconds,
+    timed,
+)
 from bench.feed import free_port, start, wait_http
 from inboxd.store import accounts, actions, conversations, messages, shards
 from inboxd.store.db import (
@@ -468,6 +475,8 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "worst_slice_p99_ms": worst_p99,
         "percentiles_of": "the slices",
     }
+    if all("thread_cpu_us" in r for r in runs):  # the serving thread's CPU a request
+        figures["thread_cpu_us"] = sum(r["thread_cpu_us"] for r in runs) / len(runs)
     if all(r.get("histogram") for r in runs):
         merged: Counter[int] = Counter()
         for r in runs:
@@ -683,6 +692,25 @@ def run(args: argparse.Namespace) -> int:
             return run_python(url, seconds, key, paths, histogram=True)
 
         ceiling_url = f"http://127.0.0.1:{bare_port}/ceiling"
+        bare_pid = bare.pid
+
+        def on_cpu(
+            pid: int,
+            url: str,
+            paths: list[str] | None,
+            key: str | None,
+            script: str | None,
+            seconds: float,
+        ) -> dict[str, Any]:
+            """``load``, with the serving thread's CPU time a request (its main thread, /proc):
+            what each request cost the server, beside requests/s, which the machine's other
+            work moves too."""
+            cpu = thread_cpu_seconds(pid)
+            result = load(url, paths, key, script, seconds)
+            if result["rps"] > 0:
+                spent = thread_cpu_seconds(pid) - cpu
+                result["thread_cpu_us"] = spent / (result["rps"] * seconds) * 1e6
+            return result
 
         def measure(
             name: str, paths: list[str] | None, script: str | None, reset: list[str] | None = None
@@ -714,13 +742,13 @@ def run(args: argparse.Namespace) -> int:
                 reset_for_writes(data, reset)
             load(base, paths, ids["key"], script, each)  # warm-up, not recorded
             for _ in range(slices):
-                theirs.append(load(ceiling_url, None, None, None, each))
+                theirs.append(on_cpu(bare_pid, ceiling_url, None, None, None, each))
                 if size > 2048:
                     sized.append(load(f"{ceiling_url}/{size}", None, None, None, each))
                 if reset:  # a write: also the bare app reading a JSON body, for context
-                    patches.append(load(ceiling_url, None, None, LUA_BARE_PATCH, each))
+                    patches.append(on_cpu(bare_pid, ceiling_url, None, None, LUA_BARE_PATCH, each))
                     reset_for_writes(data, reset)
-                mine.append(load(base, paths, ids["key"], script, each))
+                mine.append(on_cpu(daemon.pid, base, paths, ids["key"], script, each))
             ceilings[name] = combine(theirs)
             if patches:
                 patch_ceilings[name] = combine(patches)
@@ -817,6 +845,14 @@ def run(args: argparse.Namespace) -> int:
         if name in write_floors:
             alone, batched = write_floors[name].values()
             floor += f"; floor {alone:.0f} us alone, {batched:.0f} us batched"
+        if "thread_cpu_us" in r and "thread_cpu_us" in ceilings[name]:
+            floor += (
+                f"; serving thread {r['thread_cpu_us']:.0f} us a request (ceiling's"
+                f" {ceilings[name]['thread_cpu_us']:.0f}"
+            )
+            if "thread_cpu_us" in patch_ceilings.get(name, {}):
+                floor += f", bare PATCH's {patch_ceilings[name]['thread_cpu_us']:.0f}"
+            floor += ")"
         rows.append(
             (
                 name,

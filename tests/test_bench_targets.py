@@ -154,3 +154,12 @@ def test_a_loop_disk_wait_is_named_from_the_daemons_log() -> None:
     )
     assert disk_wait_functions(log) == ["history_json", "RENAME_ANSWERED"]
     assert disk_wait_functions(b"") == []
+
+
+def test_the_serving_threads_cpu_a_request_is_the_slices_mean_where_each_has_it() -> None:
+    slices = [
+        {**_row(1000.0, 40.0), "thread_cpu_us": 700.0},
+        {**_row(900.0, 45.0), "thread_cpu_us": 800.0},
+    ]
+    assert combine(slices)["thread_cpu_us"] == 750.0
+    assert "thread_cpu_us" not in combine([*slices, _row(950.0, 42.0)])
