@@ -14,7 +14,13 @@ store as the route reads it and as it read it before the twentieth session (two 
 and its rows' stored JSON read and encoded as bytes (since the twelfth session) and as text
 (before it).
 
-The store is only read (GET requests; the key's lastUsedAt stays in memory).
+The store is only read (GET requests; the key's lastUsedAt stays in memory), unless
+``--writes``: then four more rows call with 32 requests in flight at once, as ``bench http``'s
+connections are, so that writes go in batches as they do served: the bare app's GET and its
+PATCH with a small JSON body, read one, and a title write through the daemon's writer process
+(the change, its SYSTEM message and its event, committed). The title writes rename the store's
+200 most recent conversations of its largest channel (``bench http``'s write rows do the same)
+and add a SYSTEM message and an event for each.
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ from inboxd.ids import hash_api_key
 from inboxd.model import Principal
 from inboxd.store import conversations
 from inboxd.store.db import Store
+from inboxd.store.writer import WriterProcess
 
 BARE = "1 KB JSON, the bare quart-trio app (bench/bare.py)"
+AT_ONCE = 32  # requests in flight in the --writes rows, as bench http's connections
+BARE_GET_AT_ONCE = f"{AT_ONCE} at once: the bare app's GET (1 KB JSON)"
 _KB_OF_JSON = {"items": [{"id": f"item_{i:04d}", "name": "x" * 20} for i in range(19)]}
 
 
@@ -48,14 +57,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a store from 'bench generate' (only read)")
     p.add_argument("--requests", type=int, default=400, help="requests per round (400)")
     p.add_argument("--rounds", type=int, default=12, help="rounds; the minimum is kept (12)")
+    p.add_argument(
+        "--writes",
+        action="store_true",
+        help=f"also {AT_ONCE} requests at once, title writes among them (renames conversations)",
+    )
 
 
-def _scope(path: str, headers: list[tuple[bytes, bytes]], query: bytes = b"") -> dict[str, Any]:
+def _scope(
+    path: str, headers: list[tuple[bytes, bytes]], query: bytes = b"", method: str = "GET"
+) -> dict[str, Any]:
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "GET",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
@@ -74,6 +90,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
     ids = pick(data)
     config = Config.load(None, {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0"})
     store = Store.open(data)
+    if args.writes:  # as the daemon writes: in its writer process
+        store.writer_process = WriterProcess(store.path)
+        await store.writer_process.start()
     try:
         app = create_app(store, config)
 
@@ -93,9 +112,11 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
 
         await bare.startup()
 
-        async def call(scope: dict[str, Any], to: Any = app) -> list[dict[str, Any]]:
+        async def call(
+            scope: dict[str, Any], to: Any = app, body: bytes = b""
+        ) -> list[dict[str, Any]]:
             sent: list[dict[str, Any]] = []
-            messages = [{"type": "http.request", "body": b"", "more_body": False}]
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
 
             async def receive() -> dict[str, Any]:
                 if messages:
@@ -163,16 +184,77 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         timed[f"the same as text (before the twelfth session){beyond}, alone"] = lambda: (
             _encode_page(store.read_sync(_page_rows, page_pks, "json"))
         )
-        best = dict.fromkeys(timed, float("inf"))
+        at_once = _at_once(ids, key, call) if args.writes else {}
+        for check in at_once.values():  # each answers 200 (a write that fails is not timed)
+            await check()
+        best = dict.fromkeys([*timed, *at_once], float("inf"))
+        each = max(1, args.requests // AT_ONCE)
         for _ in range(args.rounds):
             for name, fn in timed.items():
                 started = time.thread_time()
                 for _ in range(args.requests):
                     await fn()
                 best[name] = min(best[name], (time.thread_time() - started) / args.requests)
+            for name, fn in at_once.items():
+                started = time.thread_time()
+                async with trio.open_nursery() as nursery:
+                    for _ in range(AT_ONCE):
+                        nursery.start_soon(_repeat, fn, each)
+                spent = time.thread_time() - started
+                best[name] = min(best[name], spent / (each * AT_ONCE))
         return {name: seconds * 1e6 for name, seconds in best.items()}
     finally:
+        if store.writer_process is not None:
+            await store.writer_process.aclose()
         store.close()
+
+
+async def _repeat(fn: Callable[[], Awaitable[Any]], times: int) -> None:
+    for _ in range(times):
+        await fn()
+
+
+def _at_once(
+    ids: dict[str, Any],
+    key: list[tuple[bytes, bytes]],
+    call: Callable[..., Awaitable[list[dict[str, Any]]]],
+) -> dict[str, Callable[[], Awaitable[None]]]:
+    """The --writes rows: each call checks its answer was 200, so that a failing write (a
+    refused body, a writer that stopped) is an error, not a cheap request."""
+    conversations_ = ids["conversations"][:200]
+    count = iter(range(1 << 62))
+
+    async def ok(scope: dict[str, Any], to: Any = None, body: bytes = b"") -> None:
+        sent = await (call(scope, body=body) if to is None else call(scope, to, body))
+        if sent[0]["status"] != 200:
+            raise RuntimeError(f"bench app: {scope['method']} {scope['path']}: {sent[0]['status']}")
+
+    def patch(path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+        typed = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        return _scope(path, [*headers, *typed], method="PATCH")
+
+    async def bare_get() -> None:
+        await ok(_scope("/ceiling", []), bare)
+
+    async def bare_patch() -> None:
+        body = b'{"title": "t%d"}' % next(count)
+        await ok(patch("/ceiling", body, []), bare, body)
+
+    async def read_one() -> None:
+        conversation = conversations_[next(count) % len(conversations_)]
+        await ok(_scope(f"/api/v1/inbox/conversations/{conversation}", key))
+
+    async def title() -> None:
+        n = next(count)
+        conversation, body = conversations_[n % len(conversations_)], b'{"title": "t%d"}' % n
+        await ok(patch(f"/api/v1/inbox/conversations/{conversation}/title", body, key), None, body)
+
+    return {
+        BARE_GET_AT_ONCE: bare_get,
+        f"{AT_ONCE} at once: the bare app's PATCH (a small JSON body read and parsed)": bare_patch,
+        f"{AT_ONCE} at once: read one": read_one,
+        f"{AT_ONCE} at once: title write (change + SYSTEM row + event, the writer process)": title,
+    }
 
 
 def _page_pks(conn: sqlite3.Connection, who: Principal, q: conversations.ListQuery) -> list[int]:
@@ -214,6 +296,10 @@ def run(args: argparse.Namespace) -> int:
     for name, value in us.items():
         plain = name.endswith("alone") or name in (BARE, "1 KB JSON, a route of inboxd's app")
         note = "" if plain else f"{value - base:+.1f} us"
+        if name.startswith(f"{AT_ONCE} at once") and name != BARE_GET_AT_ONCE:
+            note = f"{value - us[BARE_GET_AT_ONCE]:+.1f} us beside the bare GET, {AT_ONCE} at once"
+        elif name == BARE_GET_AT_ONCE:
+            note = ""
         rows.append((name, f"{value:.1f}", note))
     report("app", rows, {"args": vars(args), "us": us})
     return 0
