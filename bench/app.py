@@ -48,13 +48,16 @@ from inboxd.store.db import Store
 from inboxd.store.writer import WriterProcess
 
 BARE = "1 KB JSON, the bare quart-trio app (bench/bare.py)"
+BASE_ROUTE = "1 KB JSON, a route of inboxd's app"
 AT_ONCE = 32  # requests in flight in the --writes rows, as bench http's connections
 BARE_GET_AT_ONCE = f"{AT_ONCE} at once: the bare app's GET (1 KB JSON)"
 _KB_OF_JSON = {"items": [{"id": f"item_{i:04d}", "name": "x" * 20} for i in range(19)]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="a store from 'bench generate' (only read)")
+    p.add_argument(
+        "--data", required=True, help="a store from 'bench generate' (only read, but --writes)"
+    )
     p.add_argument("--requests", type=int, default=400, help="requests per round (400)")
     p.add_argument("--rounds", type=int, default=12, help="rounds; the minimum is kept (12)")
     p.add_argument(
@@ -138,7 +141,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
             return sent
 
         routes = {
-            "1 KB JSON, a route of inboxd's app": _scope("/bench/kb", []),
+            BASE_ROUTE: _scope("/bench/kb", []),
             "1 KB JSON, in a blueprint": _scope("/api/v1/bench-plain/kb", key),
             "1 KB JSON, in a blueprint with the key check": _scope("/api/v1/bench-keyed/kb", key),
             "read one": _scope(f"/api/v1/inbox/conversations/{conversation}", key),
@@ -191,7 +194,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
         timed[f"the same as text (before the twelfth session){beyond}, alone"] = lambda: (
             _encode_page(store.read_sync(_page_rows, page_pks, "json"))
         )
-        at_once = _at_once(ids, key, call) if args.writes else {}
+        at_once = _at_once(ids, key, call, app) if args.writes else {}
         for check in at_once.values():  # each answers 200 (a write that fails is not timed)
             await check()
         best = dict.fromkeys([*timed, *at_once], float("inf"))
@@ -225,14 +228,15 @@ def _at_once(
     ids: dict[str, Any],
     key: list[tuple[bytes, bytes]],
     call: Callable[..., Awaitable[list[dict[str, Any]]]],
+    app: Any,
 ) -> dict[str, Callable[[], Awaitable[None]]]:
     """The --writes rows: each call checks its answer was 200, so that a failing write (a
     refused body, a writer that stopped) is an error, not a cheap request."""
     conversations_ = ids["conversations"][:200]
     count = iter(range(1 << 62))
 
-    async def ok(scope: dict[str, Any], to: Any = None, body: bytes = b"") -> None:
-        sent = await (call(scope, body=body) if to is None else call(scope, to, body))
+    async def ok(scope: dict[str, Any], to: Any = app, body: bytes = b"") -> None:
+        sent = await call(scope, to, body)
         if sent[0]["status"] != 200:
             raise RuntimeError(f"bench app: {scope['method']} {scope['path']}: {sent[0]['status']}")
 
@@ -254,7 +258,7 @@ def _at_once(
     async def title() -> None:
         n = next(count)
         conversation, body = conversations_[n % len(conversations_)], b'{"title": "t%d"}' % n
-        await ok(patch(f"/api/v1/inbox/conversations/{conversation}/title", body, key), None, body)
+        await ok(patch(f"/api/v1/inbox/conversations/{conversation}/title", body, key), app, body)
 
     return {
         BARE_GET_AT_ONCE: bare_get,
@@ -298,15 +302,13 @@ async def _encode_page(rows: bytes | str) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     us = trio.run(_measure, args)
-    base = us["1 KB JSON, a route of inboxd's app"]
+    base = us[BASE_ROUTE]
     rows = [("figure", "us", "thread CPU per call, minimum of the rounds; beside the 1 KB route")]
     for name, value in us.items():
-        plain = name.endswith("alone") or name in (BARE, "1 KB JSON, a route of inboxd's app")
+        plain = name.endswith("alone") or name in (BARE, BASE_ROUTE, BARE_GET_AT_ONCE)
         note = "" if plain else f"{value - base:+.1f} us"
-        if name.startswith(f"{AT_ONCE} at once") and name != BARE_GET_AT_ONCE:
+        if not plain and name.startswith(f"{AT_ONCE} at once"):
             note = f"{value - us[BARE_GET_AT_ONCE]:+.1f} us beside the bare GET, {AT_ONCE} at once"
-        elif name == BARE_GET_AT_ONCE:
-            note = ""
         rows.append((name, f"{value:.1f}", note))
     report("app", rows, {"args": vars(args), "us": us})
     return 0
