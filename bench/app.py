@@ -7,7 +7,8 @@ request at a time, and times the thread's CPU per request; each figure is the mi
 ``--rounds`` rounds of ``--requests`` requests (the least disturbed round). Beside the API's
 reads it adds to the same app a bare 1 KB JSON route (at the app, in a blueprint, and in a
 blueprint behind the API's key check), so the table shows what each layer adds (the API's reads:
-read one, counts, the first list page and a history page); and times the
+read one, counts, the first list page plain and with ``bench http``'s two filters, and a history
+page); and times the
 bare quart-trio app of ``bench http``'s ceiling (``bench/bare.py``) called the same way, the
 store's read of one conversation and the key cache's hit alone, the first list page read at the
 store as the route reads it and as it read it before the twentieth session (two statements),
@@ -147,6 +148,15 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
             "read one": _scope(f"/api/v1/inbox/conversations/{conversation}", key),
             "counts": _scope("/api/v1/inbox/conversations/counts", key),
             "list page (50)": _scope("/api/v1/inbox/conversations", key),
+            # bench http's filtered list rows, the same queries
+            "list page (50), channel + OPEN": _scope(
+                "/api/v1/inbox/conversations",
+                key,
+                f"limit=50&channelId={ids['channel']}&status=OPEN".encode(),
+            ),
+            "list page (50), tab=unassigned": _scope(
+                "/api/v1/inbox/conversations", key, b"limit=50&tab=unassigned"
+            ),
             "history page (50)": _scope(
                 f"/api/v1/inbox/conversations/{conversation}/messages", key
             ),
