@@ -17,6 +17,7 @@ from bench import (
     generate,
     http,
     idle,
+    machine,
     supervisors,
 )
 
@@ -32,6 +33,7 @@ BENCHMARKS = {
     "generate": generate,
     "http": http,
     "idle": idle,
+    "machine": machine,
     "supervisors": supervisors,
 }
 

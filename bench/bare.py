@@ -4,14 +4,21 @@ of JSON (the same for a response as large as a page), ``PATCH /ceiling`` does th
 after reading a small JSON body (what a write costs the framework); ``POST /broadcast`` sends its
 body to every websocket on ``/feed`` through a per-client queue, like inboxd's feed.
 
-Run as ``python -m bench.bare PORT``.
+Run as ``python -m bench.bare PORT``. With ``BENCH_BARE_PASSES`` set to a file, it also times
+each pass of trio's scheduler (``Passes``; for ``bench machine``) and writes them there on SIGUSR1.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import statistics
 import sys
+import time
 from functools import partial
+from pathlib import Path
+from types import FrameType
 
 import trio
 from hypercorn.config import Config
@@ -96,5 +103,43 @@ async def main(port: int) -> None:
         heap.settle()  # the daemon's collector settings (inboxd/heap.py): the same setup
 
 
+class Passes(trio.abc.Instrument):
+    """Each pass of the scheduler (from one I/O wait to the next): its wall time, its task
+    steps and their median duration, so that a pass slow for the machine (the same steps run
+    slower) can be told from one with more work (bench/machine.py). Costs two clock reads a
+    step. On SIGUSR1 the passes so far go to ``path`` as JSON and recording starts afresh."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.passes: list[list[float]] = []
+        self.steps: list[float] = []
+        self.began: float | None = None
+        self.step_began = 0.0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.began = time.perf_counter()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.step_began = time.perf_counter()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps.append(time.perf_counter() - self.step_began)
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.began is not None and self.steps:
+            wall = time.perf_counter() - self.began
+            self.passes.append([wall, len(self.steps), statistics.median(self.steps)])
+        self.steps = []
+
+    def dump(self, signum: int, frame: FrameType | None) -> None:
+        passes, self.passes = self.passes, []
+        self.path.write_text(json.dumps(passes))
+
+
 if __name__ == "__main__":
-    trio.run(main, int(sys.argv[1]))
+    instruments = []
+    if os.environ.get("BENCH_BARE_PASSES"):
+        passes = Passes(Path(os.environ["BENCH_BARE_PASSES"]))
+        signal.signal(signal.SIGUSR1, passes.dump)
+        instruments.append(passes)
+    trio.run(main, int(sys.argv[1]), instruments=instruments)

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from bench import machine
 from bench.common import (
     daemon_metric,
     loop_disk_waits,
@@ -202,6 +203,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="read_through",
         action="store_false",
         help="do not read the store into the page cache before each row (see BENCHMARKS.md)",
+    )
+    p.add_argument(
+        "--machine-seconds",
+        type=float,
+        default=3.0,
+        help="bench machine's idle probe before and after the rows, seconds (3; 0: none)",
     )
 
 
@@ -661,6 +668,11 @@ def run(args: argparse.Namespace) -> int:
          (messages.history_json, lambda i: convs[i % 500], "all", 50, None)),
     ]  # fmt: skip
     writes = ["title", "status", "assignee", "block"]  # block: block and unblock in turn
+    # How steadily the machine ran fixed work, before the rows and after (bench/machine.py): a
+    # row's p99 is read beside it.
+    steadiness = (
+        {"before": machine.idle_probe(args.machine_seconds)} if args.machine_seconds else {}
+    )
     port, bare_port = free_port(), free_port()
     # Start-up on this store: from launching the process until /readyz answers (imports,
     # opening and migrating the store, the supervisors and deliverers started).
@@ -810,6 +822,8 @@ def run(args: argparse.Namespace) -> int:
         for name, targets in write_targets.items()
     }
     search = search_latency(data, ids)
+    if steadiness:
+        steadiness["after"] = machine.idle_probe(args.machine_seconds)
     targets = verdicts(results, ceilings, startup, search, waits)
     by_figure = {v["figure"]: v for v in targets}
 
@@ -929,6 +943,18 @@ def run(args: argparse.Namespace) -> int:
                 f" p99 {mark(f'search p99, {size} channel')}",
             )
         )
+    if steadiness:
+        before, after = steadiness["before"], steadiness["after"]
+        rows.append(
+            (
+                "the machine, idle, before / after",
+                f"{before['slow_share']:.1%} / {after['slow_share']:.1%}",
+                "of the time fixed work ran at under"
+                f" 1/{machine.SLOW:g} of its usual speed, every CPU busy (bench machine);"
+                f" the longest stretch {before['longest_stretch_ms']:.1f} /"
+                f" {after['longest_stretch_ms']:.1f} ms",
+            )
+        )
     missed = [v for v in targets if not v["met"]]
     verdict = "missed: " + "; ".join(_verdict_text(v) for v in missed) if missed else "all met"
     verdict += ceiling_over_too(targets)
@@ -963,6 +989,7 @@ def run(args: argparse.Namespace) -> int:
             "slice_shares": slice_shares,
             "loop_disk_waits_by_row": row_waits,
             "loop_disk_wait_functions": waited_in,
+            "machine_steadiness": steadiness,
         },
     )
     return 0
