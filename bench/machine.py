@@ -1,13 +1,13 @@
 """The machine itself: how steadily it runs a fixed piece of work, alone and while serving.
 
-On the virtual machines these benchmarks ran on, the same work sometimes runs 5-20x slower for
-stretches of a few to tens of milliseconds, on both CPUs at once, and the guest sees that time
-as ordinary running time (no steal is reported). A request in flight during such a stretch
+On the virtual machine these benchmarks ran on, the same work sometimes runs 5-35x slower for
+stretches of a few to tens of milliseconds, mostly on both CPUs at once, and the guest sees that
+time as ordinary running time (no steal was reported over one run checked by hand). A request in flight during such a stretch
 waits for it, so it shows in every server's tail, the framework's ceiling's too. This benchmark
 measures it, so that a run's p99 can be read beside it (BENCHMARKS.md, The machine):
 
 - **idle**: one process a CPU, each pinned to its CPU, repeats a fixed chunk of pure-Python work
-  (about 100 us) for ``--seconds``. A chunk is *slow* when it took over ``SLOW`` times the
+  (100-150 us there) for ``--seconds``. A chunk is *slow* when it took over ``SLOW`` times the
   median chunk of its CPU. Figures: the share of the time in slow chunks on each CPU, the
   longest stretch of slow chunks one after the other, and how much of the first CPU's slow
   time fell within the second's.
@@ -16,10 +16,10 @@ measures it, so that a run's p99 can be read beside it (BENCHMARKS.md, The machi
   ``--served-seconds``. Per pass of the scheduler it records the wall time, the task steps and
   their median. A pass is *slow* when its median step took over ``SLOW`` times the run's median
   step: the same steps, run slower (a pass that is long because it has more steps, or one long
-  step, is not). Figures: requests/s, p50 / p99, the share of the serving thread's time in
-  slow passes, the longest one.
+  step, is not). Figures: requests/s, p50 / p99, the slow passes' share of the time in the
+  scheduler's passes (its I/O waits left out), the longest one.
 
-``bench http`` runs the idle probe before and after its rows and prints it under its table.
+``bench http`` runs the idle probe before and after its rows and shows it as a row of its table.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ SLOW: Final = 5.0  # times the median: a chunk or a pass's steps ran at under a 
 # The served probe's instrument (bench/bare.py): set to a file, the bare app records its passes
 # and writes them there on SIGUSR1 (then starts afresh).
 PASSES_ENV: Final = "BENCH_BARE_PASSES"
-_CHUNK_ROUNDS: Final = 2_000  # about 100 us of pure Python on the machines measured
+_CHUNK_ROUNDS: Final = 2_000  # 100-150 us of pure Python on the machine measured
 
 
 def _chunk() -> int:
@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
                 f" {s.get('usual_step_us', 0):.0f} us",
             ),
             (
-                "served: the serving thread's time in slow passes",
+                "served: the time in slow passes",
                 f"{s['slow_share'] * 100:.1f} %",
                 f"{s['slow_passes']} passes whose median step took over {SLOW:g}x the usual;"
                 f" the longest {s['longest_slow_ms']:.1f} ms, {s['slow_steps_a_pass']} steps"
