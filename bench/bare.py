@@ -133,7 +133,10 @@ class Passes(trio.abc.Instrument):
 
     def dump(self, signum: int, frame: FrameType | None) -> None:
         passes, self.passes = self.passes, []
-        self.path.write_text(json.dumps(passes))
+        # Whole or not at all: the reader waits for the file to appear.
+        partial_file = self.path.with_suffix(".partial")
+        partial_file.write_text(json.dumps(passes))
+        partial_file.replace(self.path)
 
 
 if __name__ == "__main__":

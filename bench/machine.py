@@ -2,15 +2,17 @@
 
 On the virtual machine these benchmarks ran on, the same work sometimes runs 5-35x slower for
 stretches of a few to tens of milliseconds, mostly on both CPUs at once, and the guest sees that
-time as ordinary running time (no steal was reported over one run checked by hand). A request in flight during such a stretch
-waits for it, so it shows in every server's tail, the framework's ceiling's too. This benchmark
-measures it, so that a run's p99 can be read beside it (BENCHMARKS.md, The machine):
+time as ordinary running time (no steal was reported over one run checked by hand). A request in
+flight during such a stretch waits for it, so it shows in every server's tail, the framework's
+ceiling's too. This benchmark measures it, so that a run's p99 can be read beside it
+(BENCHMARKS.md, The machine):
 
 - **idle**: one process a CPU, each pinned to its CPU, repeats a fixed chunk of pure-Python work
   (100-150 us there) for ``--seconds``. A chunk is *slow* when it took over ``SLOW`` times the
-  median chunk of its CPU. Figures: the share of the time in slow chunks on each CPU, the
-  longest stretch of slow chunks one after the other, and how much of the first CPU's slow
-  time fell within the second's.
+  median chunk of its CPU, in the thread's CPU time (other processes taking the CPU do not
+  count). Figures: the share of the time in slow chunks on each CPU, the longest stretch of
+  slow chunks one after the other, and how much of the first CPU's slow time fell within the
+  second's.
 - **served**: the bare app (bench/bare.py, the framework's ceiling) with an instrument on trio's
   scheduler (``BENCH_BARE_PASSES``), under the load generator at 32 connections for
   ``--served-seconds``. Per pass of the scheduler it records the wall time, the task steps and
@@ -29,6 +31,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,14 +57,18 @@ def _chunk() -> int:
 
 
 def spin(seconds: float) -> list[tuple[float, float]]:
-    """(start, duration) of each fixed chunk of work run back to back for ``seconds``."""
+    """(start, duration) of each fixed chunk of work run back to back for ``seconds``: its start
+    on the wall clock, its duration in the thread's CPU time, so that a chunk the kernel set
+    aside for another process does not count as slow; a chunk the host ran slowly does (the
+    guest counts that as CPU time)."""
     for _ in range(200):  # warm up
         _chunk()
     samples = []
     end = time.perf_counter() + seconds
     while (started := time.perf_counter()) < end:
+        cpu = time.thread_time()
         _chunk()
-        samples.append((started, time.perf_counter() - started))
+        samples.append((started, time.thread_time() - cpu))
     return samples
 
 
@@ -79,8 +86,8 @@ def slow_stretches(samples: list[tuple[float, float]], slow: float = SLOW) -> di
             "longest_stretch_ms": 0.0,
             "longest_ms": 0.0,
         }
-    durations = sorted(d for _, d in samples)
-    median = durations[len(durations) // 2]
+    durations = [d for _, d in samples]
+    median = statistics.median(durations)
     slow_ones = [d for _, d in samples if d > slow * median]
     stretches: list[float] = []
     began: float | None = None
@@ -97,7 +104,7 @@ def slow_stretches(samples: list[tuple[float, float]], slow: float = SLOW) -> di
         "slow_count": len(slow_ones),
         "stretches": len(stretches),
         "longest_stretch_ms": max(stretches, default=0.0) * 1e3,
-        "longest_ms": durations[-1] * 1e3,
+        "longest_ms": max(durations) * 1e3,
     }
 
 
@@ -108,7 +115,7 @@ def covered(
     ``(start, duration)`` on one clock): near 1 when the two CPUs slow down together."""
 
     def intervals(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        median = sorted(d for _, d in samples)[len(samples) // 2]
+        median = statistics.median(d for _, d in samples)
         return sorted((s, s + d) for s, d in samples if d > slow * median)
 
     if not mine or not theirs:
@@ -169,27 +176,23 @@ def slow_passes(passes: list[list[float]], slow: float = SLOW) -> dict[str, Any]
     """``passes``: ``[wall seconds, task steps, median step seconds]`` of each pass of trio's
     scheduler. A pass is slow when its median step took over ``slow`` times the median of the
     passes' median steps."""
-    if not passes:
-        return {"passes": 0, "slow_passes": 0, "slow_share": 0.0, "longest_slow_ms": 0.0}
-    usual = sorted(p[2] for p in passes)[len(passes) // 2]
+    usual = statistics.median(p[2] for p in passes) if passes else 0.0
     slow_ones = [p for p in passes if p[2] > slow * usual]
     wall = sum(p[0] for p in passes)
     return {
         "passes": len(passes),
         "usual_step_us": usual * 1e6,
-        "median_steps_a_pass": sorted(p[1] for p in passes)[len(passes) // 2],
+        "median_steps_a_pass": statistics.median(p[1] for p in passes) if passes else 0,
         "slow_passes": len(slow_ones),
         "slow_share": sum(p[0] for p in slow_ones) / wall if wall else 0.0,
         "longest_slow_ms": max((p[0] for p in slow_ones), default=0.0) * 1e3,
-        "slow_steps_a_pass": sorted(p[1] for p in slow_ones)[len(slow_ones) // 2]
-        if slow_ones
-        else 0,
-        "longest_pass_ms": max(p[0] for p in passes) * 1e3,
+        "slow_steps_a_pass": statistics.median(p[1] for p in slow_ones) if slow_ones else 0,
+        "longest_pass_ms": max((p[0] for p in passes), default=0.0) * 1e3,
     }
 
 
 def served_probe(seconds: float, driver: str) -> dict[str, Any]:
-    from bench.http import run_python, run_wrk
+    from bench.http import run_python, run_wrk  # (here: bench.http imports this module)
 
     port = free_port()
     with tempfile.TemporaryDirectory() as scratch:
@@ -231,7 +234,6 @@ def _wait_for(path: Path, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"bench machine: the bare app wrote no {path.name}")
         time.sleep(0.02)
-    time.sleep(0.05)  # (written in one call; let it finish)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -278,20 +280,20 @@ def run(args: argparse.Namespace) -> int:
             (
                 "served: p50 / p99",
                 f"{s['p50_ms']:.1f} / {s['p99_ms']:.1f} ms",
-                f"p50 + the longest slow pass {s['p50_ms'] + s['longest_slow_ms']:.1f} ms (a request"
-                " that waited one out)",
+                f"p50 + the longest slow pass {s['p50_ms'] + s['longest_slow_ms']:.1f} ms"
+                " (a request that waited one out)",
             ),
             (
                 "served: scheduler passes",
                 f"{s['passes']:,}",
-                f"{s['median_steps_a_pass']} task steps a pass (median), the usual step"
-                f" {s.get('usual_step_us', 0):.0f} us",
+                f"{s['median_steps_a_pass']:g} task steps a pass (median), the usual step"
+                f" {s['usual_step_us']:.0f} us",
             ),
             (
                 "served: the time in slow passes",
                 f"{s['slow_share'] * 100:.1f} %",
                 f"{s['slow_passes']} passes whose median step took over {SLOW:g}x the usual;"
-                f" the longest {s['longest_slow_ms']:.1f} ms, {s['slow_steps_a_pass']} steps"
+                f" the longest {s['longest_slow_ms']:.1f} ms, {s['slow_steps_a_pass']:g} steps"
                 " a pass (median)",
             ),
         ]
