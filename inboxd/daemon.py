@@ -288,9 +288,13 @@ async def run(
                     metrics=app_state.metrics,
                 )
                 await nursery.start(deliverer.run)
-            log.info("listening", extra={"urls": urls, "data": str(data_dir)})
-            task_status.started(urls)
-            started = True
+            # A stop that came while it started (hypercorn may still be draining, or already
+            # done) is reported below, with no URL, once everything has stopped: whether this
+            # line ran before hypercorn finished must not decide what the caller is told.
+            if not shutdown.is_set():
+                log.info("listening", extra={"urls": urls, "data": str(data_dir)})
+                task_status.started(urls)
+                started = True
     finally:
         with trio.CancelScope(shield=True):
             await _flush_key_usage(app_state)

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from hypercorn.trio import serve as hypercorn_serve
 
 from inboxd import daemon
 from tests.conftest import Seed, test_config
@@ -339,11 +340,26 @@ def test_signals_stop_the_daemon_cleanly(tmp_path: Path, sig: signal.Signals) ->
     assert "Traceback" not in err
 
 
-async def test_a_stop_while_the_daemon_starts_is_a_clean_stop(seeded: Seed) -> None:
+@pytest.mark.parametrize("drain_delay", [0.0, 0.5])
+async def test_a_stop_while_the_daemon_starts_is_a_clean_stop(
+    seeded: Seed, monkeypatch: pytest.MonkeyPatch, drain_delay: float
+) -> None:
     """A signal that comes while the daemon is still starting (the API already answers
     /readyz, the mailer or the webhook hub not yet started) stops it like any other: ``run``
     returns, and its caller's ``nursery.start`` with it. It raised "child exited without
-    calling task_status.started()" (the service then exited with status 1)."""
+    calling task_status.started()" (the service then exited with status 1).
+
+    However long hypercorn takes to begin its drain, the caller is told no URL serves: it was
+    told the URL when the rest of the start-up outran the drain (a CI run under load did)."""
+
+    async def slow_to_drain(app: Any, hc: Any, *, shutdown_trigger: Any, task_status: Any) -> None:
+        async def trigger() -> None:
+            await shutdown_trigger()
+            await trio.sleep(drain_delay)
+
+        await hypercorn_serve(app, hc, shutdown_trigger=trigger, task_status=task_status)
+
+    monkeypatch.setattr("inboxd.daemon.serve", slow_to_drain)
     shutdown = trio.Event()
     shutdown.set()  # before anything started
     async with trio.open_nursery() as nursery:
