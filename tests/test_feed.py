@@ -245,16 +245,47 @@ async def test_since_older_than_retention_gets_feed_reset(
     await trio.sleep(8 * 86400)
     # Housekeeping has pruned the journal past feed.retention (7 days) meanwhile.
     gone = (await owner.get("/api/v1/inbox/events")).json()
-    assert gone == {"events": [], "nextAfter": 0, "hasMore": False, "reset": True}
+    assert gone["reset"] is True and gone["events"] == [] and gone["hasMore"] is False
+    # The client goes on from the journal's end: the next page is no reset again.
+    assert gone["nextAfter"] > 0
+    again = (await owner.get("/api/v1/inbox/events", params={"after": gone["nextAfter"]})).json()
+    assert again == {"events": [], "nextAfter": gone["nextAfter"], "hasMore": False, "reset": False}
     async with feed(base_url, seeded.owner_key, since=0) as ws:
         (reset,) = await frames(ws, 1)
         assert reset == {"type": "feed.reset"}
         await ingest(owner, seeded.sales_id, "15550001", content="new")
         (live,) = await frames(ws, 1)
         assert live["data"]["content"] == "new"
-    after = (await owner.get("/api/v1/inbox/events", params={"after": live["seq"] - 1})).json()
+    after = (await owner.get("/api/v1/inbox/events", params={"after": gone["nextAfter"]})).json()
     assert [e["data"]["content"] for e in after["events"]] == ["new"]
     assert after["reset"] is False  # nothing after that seq was pruned
+    assert after["nextAfter"] == live["seq"]
+
+
+async def test_a_seq_beyond_the_journal_gets_a_reset_on_the_feed_and_the_rest_events(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed
+) -> None:
+    """A seq from elsewhere (another store, a backup restored since) would otherwise make a
+    client wait, missing every event, until the journal reached it."""
+    async with feed(base_url, seeded.owner_key) as ws:
+        await ingest(owner, seeded.sales_id, "15550001", content="seen")
+        (seen,) = await frames(ws, 1)
+    end = seen["seq"]
+    beyond = end + 5
+    page = (await owner.get("/api/v1/inbox/events", params={"after": beyond})).json()
+    assert page == {"events": [], "nextAfter": end, "hasMore": False, "reset": True}
+    async with feed(base_url, seeded.owner_key, since=beyond) as ws:
+        (reset,) = await frames(ws, 1)
+        assert reset == {"type": "feed.reset"}
+        await ingest(owner, seeded.sales_id, "15550001", content="after the reset")
+        (live,) = await frames(ws, 1)
+        assert live["data"]["content"] == "after the reset"
+    page = (await owner.get("/api/v1/inbox/events", params={"after": page["nextAfter"]})).json()
+    assert [e["data"]["content"] for e in page["events"]] == ["after the reset"]
+    assert page["reset"] is False and page["nextAfter"] == live["seq"]
+    # Up to the end is no reset: a caught-up client waits for what comes next.
+    page = (await owner.get("/api/v1/inbox/events", params={"after": live["seq"]})).json()
+    assert page == {"events": [], "nextAfter": live["seq"], "hasMore": False, "reset": False}
 
 
 async def test_revoking_a_key_closes_its_sockets(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Final, cast
 
 import attrs
@@ -205,19 +206,34 @@ async def _refresh(client: FeedClient, change: FeedEvent | None = None) -> bool:
     return True
 
 
+def _replay_bounds(
+    conn: sqlite3.Connection, account_pk: int, since: int, oldest_kept: int
+) -> int | None:
+    """The journal's end if the events after ``since`` cannot all be given, else None: ``since``
+    is beyond the last seq ever given, events after it were pruned, or its account's first event
+    after it is older than ``oldest_kept`` (feed.retention ago). The client must then refetch
+    what it keeps and go on from the end (``feed.reset``; ``"reset": true`` on GET /events)."""
+    end = journal_end(conn)
+    first = events.read_after(conn, account_pk, since, 1)
+    if (
+        since > end
+        or since < events.pruned_through(conn)
+        or (first and first[0].created_at < oldest_kept)
+    ):
+        return end
+    return None
+
+
+def _oldest_kept() -> int:
+    return now_us() - round(state().config.feed.retention * 1_000_000)
+
+
 async def _replay(client: FeedClient, since: int) -> int:
     """Send the journal's events after ``since``; returns the last seq looked at. Stops as soon
     as the client is closed (its key revoked, say): events committed after that are not its."""
     store = state().store
-    retention_us = round(state().config.feed.retention * 1_000_000)
-    first = await store.read(events.read_after, client.who.account_pk, since, 1)
-    end = await store.read(journal_end)
-    pruned = await store.read(events.pruned_through)
-    if (
-        since > end
-        or since < pruned  # events after it were pruned
-        or (first and first[0].created_at < now_us() - retention_us)
-    ):
+    end = await store.read(_replay_bounds, client.who.account_pk, since, _oldest_kept())
+    if end is not None:
         await websocket.send(RESET_FRAME)  # the gap cannot be filled: the client refetches
         # The live events up to ``end`` are skipped, access changes among them too: read the
         # key's access as it is now.
@@ -254,6 +270,12 @@ async def list_events() -> Response:
     after = _seq_arg("after", request.args.get("after")) or 0
     limit = arg_limit()
     store = state().store
+    # As the feed's feed.reset: events after ``after`` are gone (pruned, past feed.retention) or
+    # ``after`` is beyond every seq given. Nothing is listed; the client refetches what it keeps
+    # and goes on from the journal's end, so the next page is not a reset again.
+    end = await store.read(_replay_bounds, who.account_pk, after, _oldest_kept())
+    if end is not None:
+        return encoded_json(b'{"events":[],"nextAfter":%d,"hasMore":false,"reset":true}' % end)
     frames: list[bytes] = []
     last = after
     has_more = False
@@ -270,13 +292,9 @@ async def list_events() -> Response:
         if len(batch) < want:
             break
         want = REPLAY_BATCH
-    # Events after ``after`` that were pruned (older than feed.retention) are gone: say so, as
-    # the feed's feed.reset does, so the client refetches the state it keeps.
-    reset = after < await store.read(events.pruned_through)
-    body = b'{"events":[%s],"nextAfter":%d,"hasMore":%s,"reset":%s}' % (
+    body = b'{"events":[%s],"nextAfter":%d,"hasMore":%s,"reset":false}' % (
         b",".join(frames),
         last,
         _JSON_BOOL[has_more],
-        _JSON_BOOL[reset],
     )
     return encoded_json(body)

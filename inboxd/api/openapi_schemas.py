@@ -485,14 +485,17 @@ def resource_schemas() -> dict[str, Schema]:
                 "nextAfter": integer("pass back as `after`", minimum=0),
                 "hasMore": boolean(),
                 "reset": boolean(
-                    "true when events after `after` were pruned (older than feed.retention):"
+                    "true when events after `after` were pruned or are older than"
+                    " feed.retention, or `after` is beyond every seq given (as the feed's"
+                    " `feed.reset`): `events` is then empty and `nextAfter` the journal's end;"
                     " refetch the state you keep, then go on from `nextAfter`"
                 ),
             },
         ),
         "FeedReset": record(
             {"type": {"const": "feed.reset"}},
-            description="Sent first when `since` is older than feed.retention: refetch.",
+            description="Sent first when `since` is older than feed.retention or beyond every seq"
+            " given: refetch.",
         ),
         "Health": record({"status": {"const": "ok"}}),
         "Ready": record({"status": {"const": "ready"}, "schemaVersion": integer()}),
