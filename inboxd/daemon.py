@@ -22,14 +22,19 @@ down with it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import time
 from functools import partial
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 import trio
 from hypercorn.config import Config as HyperConfig
+from hypercorn.config import Sockets
 from hypercorn.trio import serve
 
 from inboxd.api import framing
@@ -60,8 +65,82 @@ SEARCH_FIRST_CHECK_SECONDS: Final = 60.0
 SEARCH_STEP_PAUSE_SECONDS: Final = 0.01
 
 
+# A peer that takes nothing it is sent for this long (its receive window stays shut, or what was
+# sent stays unacknowledged) is dropped by the kernel (TCP_USER_TIMEOUT, on Linux). hypercorn
+# shields its writes from cancellation, so a client that stopped reading (a feed client, or one
+# that asked for a large answer) would otherwise hold its connection and its tasks for good.
+STALLED_PEER_SECONDS: Final = 60.0
+# After a stop, hypercorn cancels what is left of its connections at server.shutdown_timeout; a
+# connection whose write is still stuck this much later is cut (cut_connections), so that the
+# daemon exits within the CONTRACT's 10 s whatever its clients do.
+CUT_AFTER_TIMEOUT_SECONDS: Final = 0.5
+
+
+class _HyperConfig(HyperConfig):
+    def create_sockets(self) -> Sockets:
+        sockets = super().create_sockets()
+        timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
+        for sock in [*sockets.secure_sockets, *sockets.insecure_sockets]:
+            # Accepted connections inherit it from the listening socket.
+            if timeout is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, timeout, round(STALLED_PEER_SECONDS * 1000))
+        return sockets
+
+
+def api_connections(ports: set[int]) -> list[socket.socket]:
+    """A duplicate of each TCP connection of this process whose local port is one of ``ports``
+    (the API's), listening sockets left out; the caller closes them (closing a duplicate leaves
+    the connection as it was).
+
+    hypercorn keeps its connections to itself: they are found among the process's open files
+    (``/proc/self/fd``, ``/dev/fd`` elsewhere)."""
+    fd_dir = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    found = []
+    ours: set[int] = set()  # (a duplicate may take the number of a file listed, closed since)
+    for name in os.listdir(fd_dir):
+        if int(name) in ours:
+            continue
+        try:
+            dup = os.dup(int(name))
+        except OSError:  # (closed meanwhile: the listing's own, say)
+            continue
+        ours.add(dup)
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:  # not a socket: a pipe to a child, say, which must not stay open here
+            os.close(dup)
+            continue
+        try:
+            if (
+                sock.family in (socket.AF_INET, socket.AF_INET6)
+                and sock.type == socket.SOCK_STREAM
+                and sock.getsockname()[1] in ports
+                and sock.getpeername()  # a listening socket has none (OSError)
+            ):
+                found.append(sock)
+                continue
+        except OSError:
+            pass
+        sock.close()
+    return found
+
+
+def cut_connections(ports: set[int]) -> int:
+    """Shut down both ways every connection of the API on ``ports``; returns how many. A write
+    blocked on one of them then fails at once, and hypercorn ends the connection."""
+    connections = api_connections(ports)
+    for sock in connections:
+        with sock, contextlib.suppress(OSError):  # (OSError: gone meanwhile)
+            sock.shutdown(socket.SHUT_RDWR)
+    return len(connections)
+
+
+def _ports(urls: list[str]) -> set[int]:
+    return {port for url in urls if (port := urlsplit(url).port) is not None}
+
+
 def hypercorn_config(config: Config, bind: str) -> HyperConfig:
-    hc = HyperConfig()
+    hc = _HyperConfig()
     hc.bind = [bind]
     hc.accesslog = None  # the app writes its own JSON access log
     hc.errorlog = logging.getLogger("hypercorn.error")
@@ -253,6 +332,18 @@ async def run(
             if warming := config.server.warm_cache and store.offload:  # (not on MockClock tests)
                 store.set_in_memory(False)  # reads leave the loop until the warm-up has looked
             urls: list[str] = await nursery.start(serve_api)
+
+            async def cut_what_outlasts_the_stop() -> None:
+                await shutdown.wait()
+                await trio.sleep(config.server.shutdown_timeout + CUT_AFTER_TIMEOUT_SECONDS)
+                # (this task is cancelled with the rest once hypercorn has drained)
+                if cut := cut_connections(_ports(urls)):
+                    log.warning(
+                        "cut connections still open after the shutdown timeout",
+                        extra={"connections": cut},
+                    )
+
+            nursery.start_soon(cut_what_outlasts_the_stop)
             nursery.start_soon(_housekeeping, app_state)
             nursery.start_soon(_search_upkeep, app_state)
             nursery.start_soon(store.checkpoint_forever)

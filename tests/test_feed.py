@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -26,7 +31,7 @@ from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
 from inboxd.feed import SEND_TURNS, FeedClient, FeedHub
 from inboxd.store import accounts
 from inboxd.store.db import Store
-from tests.conftest import Seed, auth, ingest
+from tests.conftest import Seed, auth, ingest, owner_client, restartable_daemon
 from tests.openapi_check import check_feed_frame
 
 CONV = "/api/v1/inbox/conversations"
@@ -485,6 +490,81 @@ async def test_shutdown_closes_sockets_with_1001_and_exits(seeded: Seed) -> None
                     await ws.get_message()
                 assert trio.current_time() - stopped_at < 1
     assert closed.value.reason.code == 1001
+
+
+def stuck_client(url: str, request: bytes) -> socket.socket:
+    """A client that sends ``request`` and then reads nothing, with a small receive buffer: what
+    the server sends it soon stops being taken."""
+    parts = urlsplit(url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((parts.hostname, parts.port))
+    sock.sendall(request)
+    return sock
+
+
+async def test_clients_that_stop_reading_cannot_hold_up_a_stop(
+    autojump_clock: trio.testing.MockClock, seeded: Seed, config: Config
+) -> None:
+    """CONTRACT section 1: a stop ends within 10 s. hypercorn shields its writes from
+    cancellation, so a write to a client that takes nothing held the daemon for as long as the
+    client lived (the feed's frames, or a large answer); what is left at the shutdown timeout
+    (5 s) is now cut half a second later. Each connection also carries TCP_USER_TIMEOUT: the
+    kernel drops a peer that has taken nothing for 60 s (checked by hand: 3.3 s for a 3 s
+    setting on this kernel)."""
+    run = restartable_daemon(seeded, config)
+    socks: list[socket.socket] = []
+    # Without the cut the stop waits for the clients, and the virtual clock need not move
+    # meanwhile: after 20 s of wall time they go, so that the test ends (and fails on the wall
+    # time it took).
+    release = threading.Timer(20, lambda: [sock.close() for sock in socks])
+    release.start()
+    started = time.monotonic()
+    try:
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(run, shutdown := trio.Event())
+            key = seeded.owner_key.encode()
+            socks.append(
+                stuck_client(
+                    urls[0],
+                    b"GET /api/v1/inbox/feed HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                    b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    b"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer " + key + b"\r\n\r\n",
+                )
+            )
+            for _ in range(2):
+                socks.append(
+                    stuck_client(urls[0], b"GET /api/v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
+                )
+            async with owner_client(urls[0], seeded) as owner:
+                for i in range(40):  # 4 MB of frames: more than any socket buffer takes
+                    await ingest(
+                        owner, seeded.sales_id, "15550001", content=f"{i} " + "x" * 100_000
+                    )
+            (port,) = {sock.getpeername()[1] for sock in socks}
+            theirs = {sock.getsockname() for sock in socks}
+            served = daemon.api_connections({port})
+            try:
+                stuck = [sock for sock in served if sock.getpeername() in theirs]
+                assert len(stuck) == len(socks)
+                for sock in stuck:
+                    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 60_000
+            finally:
+                for sock in served:
+                    sock.close()
+            stopped_at = trio.current_time()
+            shutdown.set()
+        took = trio.current_time() - stopped_at
+    finally:
+        release.cancel()
+    assert time.monotonic() - started < 20
+    assert took < config.server.shutdown_timeout + 1 < 10
+    for sock in socks:  # each was cut: after what was on its way, the end of the stream
+        sock.settimeout(5)
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(1 << 16):
+                pass
+        sock.close()
 
 
 def revoke_from_outside(store: Any, user_id: str) -> None:
