@@ -630,3 +630,43 @@ async def test_a_writer_running_other_code_than_the_daemon_is_not_used(store: St
     assert store.writer_process.unavailable and store.writer_process.started == 1
     assert writer_children() == []
     assert [d["n"] for d in committed(store)] == [1, 2]
+
+
+async def test_the_wal_starts_over_under_writes_that_never_pause(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PASSIVE checkpoint may copy all of the log, yet the next write goes on at its end while
+    any reader still reads from it, and under steady writes the daemon's own readers (the feed,
+    the deliverers) always do: the log never started over, and an audit's four clients ingesting
+    without a break grew it by about 40 MB a second. Past WAL_LIMIT_BYTES of frames the
+    checkpointer now asks for a RESTART checkpoint, and the log starts over (here with a limit
+    of 1 MiB, against the 64 MiB it is). Each start over bumps the checkpoint sequence number in
+    the log's header (https://www.sqlite.org/fileformat.html, "WAL File Format")."""
+    monkeypatch.setattr(db, "WAL_LIMIT_BYTES", 1 << 20)
+    wal = seeded.data_dir / "inboxd.db-wal"
+    written = 0
+    largest = 0
+    starts: set[int] = set()
+
+    async def ingest_for(seconds: float, phone: str) -> None:
+        nonlocal written
+        with trio.move_on_after(seconds):
+            while True:
+                await ingest(owner, seeded.sales_id, phone, content="x" * 4000)
+                written += 1
+
+    async with trio.open_nursery() as nursery:
+        for i in range(4):
+            nursery.start_soon(ingest_for, 8.0, f"1555000{i}")
+        while nursery.child_tasks:
+            with wal.open("rb") as log:
+                header = log.read(16)
+            largest = max(largest, wal.stat().st_size)
+            if len(header) == 16:
+                starts.add(int.from_bytes(header[12:16], "big"))
+            await trio.sleep(0.05)
+    assert written > 200
+    assert len(starts) >= 3, (written, starts, largest)
+    # It still grows by what comes in between two rounds of the checkpointer, and SQLite
+    # truncates the file back to 64 MiB (journal_size_limit) when it starts over.
+    assert largest <= db.WAL_LIMIT_BYTES + (64 << 20)

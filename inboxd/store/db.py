@@ -85,6 +85,17 @@ DISK_WAIT_LOG: Final = "the trio thread waited for the disk"
 # How often the daemon's checkpointer copies the WAL into the database file while writes come
 # in (Store.checkpoint_forever); SQLite's own automatic checkpoint would do it inside a COMMIT.
 CHECKPOINT_EVERY_SECONDS: Final = 1.0
+# The WAL file's size the store goes back to. SQLite writes the log from its start again once
+# a checkpoint has copied all of it and no reader still uses it, and truncates the file to
+# ``journal_size_limit`` then; left at its default, a file grown by a burst of writes kept that
+# size for good. And under writes that never pause, each round of PASSIVE checkpoints is
+# overtaken by the commits made while it copies, so the log never starts again: an audit's four
+# clients ingesting without a break grew it by about 40 MB a second. Past this size the
+# checkpointer therefore also asks for a RESTART checkpoint, which holds new writes back while
+# it copies the little the last round left and readers let go of the log (for at most
+# WAL_RESTART_WAIT_MS), so that the next write starts the log over.
+WAL_LIMIT_BYTES: Final = 64 * 1024 * 1024
+WAL_RESTART_WAIT_MS: Final = 100
 # While the warm-up child reads the store in (Store.in_memory False), every read goes to a
 # worker thread, and most wait for the disk there: this many may run at once then (more reads
 # from the device in flight, and one whose pages are in memory need not queue behind them). The
@@ -231,6 +242,7 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA cache_size = -65536")  # 64 MiB of page cache per connection
     conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
     if readonly:
         conn.execute("PRAGMA query_only = ON")
     return conn
@@ -374,8 +386,22 @@ def _migrate_from(conn: sqlite3.Connection, version: int) -> int:
     return applied
 
 
-def _checkpoint(conn: sqlite3.Connection) -> None:
-    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+def _checkpoint(conn: sqlite3.Connection, limit: int) -> None:
+    """A PASSIVE checkpoint; and a RESTART one when the log holds more than ``limit`` bytes of
+    frames (WAL_LIMIT_BYTES above). A PASSIVE round may copy all of the log, yet the next write
+    goes on at its end while any reader still reads from it, and under steady reads one always
+    does: RESTART waits for them."""
+    _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    if frames * (page_size + _WAL_FRAME_HEADER_BYTES) > limit:
+        conn.execute(f"PRAGMA busy_timeout = {WAL_RESTART_WAIT_MS}")
+        try:
+            conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+
+_WAL_FRAME_HEADER_BYTES: Final = 24
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -861,9 +887,9 @@ class Store:
                 await trio.sleep(CHECKPOINT_EVERY_SECONDS)
                 try:
                     if self._offload:
-                        await trio.to_thread.run_sync(_checkpoint, conn)
+                        await trio.to_thread.run_sync(_checkpoint, conn, WAL_LIMIT_BYTES)
                     else:
-                        _checkpoint(conn)
+                        _checkpoint(conn, WAL_LIMIT_BYTES)
                 except sqlite3.Error as exc:
                     if self.storage.failed(exc, "checkpoints") is None:  # (logged there)
                         log.exception("could not checkpoint the WAL")
