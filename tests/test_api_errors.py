@@ -179,12 +179,24 @@ async def test_bad_limit_is_400(owner: httpx.AsyncClient, limit: str) -> None:
         ("/api/v1/inbox/conversations", {"tab": "mine"}),
         ("/api/v1/inbox/conversations", {"unread": "maybe"}),
         ("/api/v1/inbox/conversations/search", {"query": "abc"}),  # channelId missing
+        ("/api/v1/inbox/conversations/search", {"query": "abc", "channelId": ""}),  # as missing
     ],
 )
 async def test_bad_query_values_are_400(
     owner: httpx.AsyncClient, path: str, params: dict[str, str]
 ) -> None:
     assert_error(await owner.get(path, params=params), 400, "invalid_request")
+
+
+async def test_a_search_query_with_a_nul_is_400_saying_so(
+    owner: httpx.AsyncClient, seeded: Seed
+) -> None:
+    response = await owner.get(
+        "/api/v1/inbox/conversations/search",
+        params={"channelId": seeded.sales_id, "query": "a\x00b"},
+    )
+    assert_error(response, 400, "invalid_request")
+    assert response.json()["error"]["message"] == "query must not contain a NUL character"
 
 
 async def test_unknown_query_parameters_are_ignored(owner: httpx.AsyncClient) -> None:
@@ -690,6 +702,25 @@ async def test_a_connection_the_client_asked_to_close_is_closed_after_the_answer
     received = await raw_bytes(base_url, request_bytes, within=5)
     assert received.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 401 "))
     assert received.endswith(b"}")  # the whole answer came before the end
+
+
+async def test_a_websocket_upgrade_to_a_plain_path_says_it_is_not_a_websocket(
+    base_url: str, seeded: Seed
+) -> None:
+    """It said "this path is a websocket", the opposite (found by an audit)."""
+    request = (
+        b"GET /api/v1/inbox/channels HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Authorization: Bearer " + seeded.owner_key.encode() + b"\r\n\r\n"
+    )
+    received = await raw_bytes(base_url, request, within=5)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"upgrade: websocket" not in head.lower()
+    assert orjson.loads(body)["error"] == {
+        "code": "invalid_request",
+        "message": "this path is not a websocket: the feed is at /api/v1/inbox/feed",
+    }
 
 
 @pytest.mark.parametrize(

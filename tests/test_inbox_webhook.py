@@ -162,6 +162,13 @@ async def test_user_keys_cannot_change_the_webhook(owner: httpx.AsyncClient, see
         "not a url",
         "https://hooks.example.com/" + "x" * 2100,
         "ftp://hooks.example.com",
+        # Hosts no delivery could ever reach (found by an audit): an empty label, a hyphen at
+        # either end of one, a label over 63 characters.
+        "https://.com/x",
+        "https://hooks..example.com/x",
+        "https://-hooks.example.com/x",
+        "https://hooks-.example.com/x",
+        "https://" + "h" * 64 + ".example.com/x",
     ],
 )
 async def test_invalid_urls_are_422(owner: httpx.AsyncClient, url: str) -> None:

@@ -27,6 +27,7 @@ from quart import (
     current_app,
     g,
     has_request_context,
+    has_websocket_context,
     request,
     websocket,
 )
@@ -557,9 +558,12 @@ def create_app(store: Store, config: Config, clock: Clock | None = None) -> Quar
         code = _HTTP_CODES.get(status, "http_error")
         message = _HTTP_MESSAGES.get(status) or (exc.description or exc.name)
         headers: dict[str, Any] = {}
-        if isinstance(exc, WebsocketMismatch):  # plain HTTP to the feed
-            message = "this path is a websocket: open it with a websocket upgrade"
-            headers["Upgrade"] = "websocket"
+        if isinstance(exc, WebsocketMismatch):
+            if has_websocket_context():  # a websocket upgrade to a plain HTTP path
+                message = "this path is not a websocket: the feed is at /api/v1/inbox/feed"
+            else:  # plain HTTP to the feed
+                message = "this path is a websocket: open it with a websocket upgrade"
+                headers["Upgrade"] = "websocket"
         if status == 413:
             # The rest of the body is not read: the connection cannot be reused.
             headers["Connection"] = "close"

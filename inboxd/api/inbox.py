@@ -75,9 +75,13 @@ MAX_QUERY: Final = 256
 async def search_conversations() -> Response:
     # Trimmed first: the spaces around the query do not count against its length (README).
     query = (arg_str("query", required=True) or "").strip()
-    if "\x00" in query or len(query) > MAX_QUERY:
+    if "\x00" in query:
+        raise InvalidRequest("query must not contain a NUL character")
+    if len(query) > MAX_QUERY:
         raise InvalidRequest(f"query must be text of at most {MAX_QUERY} characters")
-    channel_id = arg_str("channelId", required=True) or ""
+    channel_id = arg_str("channelId", required=True)
+    if not channel_id:  # (an empty one names no channel: as if it were missing)
+        raise InvalidRequest("query parameter channelId is required")
     limit = arg_limit()
     result = await state().store.read(conversations.search, principal(), channel_id, query, limit)
     return json_response(

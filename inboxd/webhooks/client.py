@@ -17,6 +17,7 @@ import email.utils
 import hashlib
 import hmac
 import ipaddress
+import re
 import socket
 import ssl
 import time
@@ -87,6 +88,17 @@ def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
         return None
 
 
+# A DNS name's label as a host name has it (RFC 1123), underscores let in as resolvers do.
+_HOST_LABEL: Final = re.compile(rb"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def _is_host_name(raw_host: bytes) -> bool:
+    """Whether an (IDNA-encoded) host can be looked up at all: ``https://.com/`` and
+    ``https://a..b.com/`` parse, and no delivery to them could ever go out."""
+    name = raw_host[:-1] if raw_host.endswith(b".") else raw_host
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split(b"."))
+
+
 def validate_url(url: str, *, allow_private: bool) -> str:
     """Check a webhook URL as it is saved; raises ``invalid_url`` naming what is wrong."""
     if len(url) > MAX_URL_LEN:
@@ -108,12 +120,17 @@ def validate_url(url: str, *, allow_private: bool) -> str:
     if port == 0:
         raise invalid_url("the URL's port must not be 0")
     try:
-        httpx.URL(url)  # what the deliveries will be sent with (an IDNA host, say)
+        parsed = httpx.URL(url)  # what the deliveries will be sent with (an IDNA host, say)
     except httpx.InvalidURL as exc:
         raise invalid_url(f"the URL cannot be used: {exc}") from None
+    ip = _ip_literal(host)
+    if ip is None and not _is_host_name(parsed.raw_host):
+        raise invalid_url(
+            "the URL's host is not a host name (dot-separated labels of letters, digits and"
+            " hyphens, none empty or over 63 characters, none starting or ending with a hyphen)"
+        )
     if allow_private:
         return url
-    ip = _ip_literal(host)
     if ip is None:
         lowered = host.lower().rstrip(".")
         if lowered == "localhost" or lowered.endswith((".localhost", ".local", ".internal")):
