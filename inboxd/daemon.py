@@ -23,10 +23,12 @@ down with it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Final
@@ -41,6 +43,7 @@ from inboxd.api import framing
 from inboxd.api.app import AppState, create_app
 from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
+from inboxd.errors import StoreError
 from inboxd.feed import FeedHub
 from inboxd.logs import log_failure
 from inboxd.mailer import Mailer
@@ -279,6 +282,33 @@ async def maintain_search_shards(
     return made
 
 
+LOCK_FILE: Final = "inboxd.lock"
+
+
+@contextlib.contextmanager
+def _the_only_daemon(data_dir: Path) -> Iterator[None]:
+    """Hold the store's lock file (``flock``, released when the process ends, however it ends)
+    while the daemon runs: two daemons on one store would deliver every webhook event twice, and
+    each one's feed would miss the other's writes. The file holds the holder's pid. The CLI's
+    other commands, which may run beside the daemon, do not take it."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise StoreError(
+                f"another inboxd daemon is serving the store in {data_dir}"
+                + (f" (pid {holder})" if holder.isdigit() else "")
+                + "; stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 async def run(
     data_dir: Path,
     config: Config,
@@ -290,11 +320,25 @@ async def run(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown`` is set. Reports the bound URLs when ready (none if ``shutdown``
-    came first: it stopped while it started).
+    came first: it stopped while it started). One daemon at a time serves a store: another one
+    running raises ``StoreError``.
 
     ``offload_store=False`` keeps SQLite on the trio thread and ``clock=TrioClock()`` makes wall
     time follow trio's clock; only tests on MockClock want those (see ``Store`` and clock.py).
     """
+    with _the_only_daemon(data_dir):
+        await _run(data_dir, config, shutdown, bind, offload_store, clock, task_status)
+
+
+async def _run(
+    data_dir: Path,
+    config: Config,
+    shutdown: trio.Event,
+    bind: str | None,
+    offload_store: bool,
+    clock: Clock | None,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
     clock = clock or SystemClock()
     store = await trio.to_thread.run_sync(
         partial(Store.open, data_dir, create=False, offload=offload_store)

@@ -21,6 +21,7 @@ import trio
 from hypercorn.trio import serve as hypercorn_serve
 
 from inboxd import daemon
+from inboxd.errors import StoreError
 from tests.conftest import Seed, test_config
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -368,3 +369,35 @@ async def test_a_stop_while_the_daemon_starts_is_a_clean_stop(
                 partial(daemon.run, seeded.data_dir, test_config(), shutdown, bind="127.0.0.1:0")
             )
     assert urls == []
+
+
+async def test_a_second_daemon_on_the_same_store_is_refused(seeded: Seed, base_url: str) -> None:
+    """Two daemons on one store would deliver every webhook event twice, and each one's feed
+    would miss the other's writes (found by an audit: both started)."""
+    with pytest.raises(StoreError) as refused:
+        await daemon.run(seeded.data_dir, test_config(), trio.Event(), bind="127.0.0.1:0")
+    assert str(refused.value) == (
+        f"another inboxd daemon is serving the store in {seeded.data_dir} (pid {os.getpid()});"
+        " stop it first"
+    )
+    async with httpx.AsyncClient(base_url=base_url) as client:  # the first one serves on
+        assert (await client.get("/readyz")).status_code == 200
+
+
+def test_serve_refuses_a_store_another_daemon_serves(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    ok("init", "--data", data)
+    port = free_port()
+    first = serve(data, port)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", first)
+        second = inboxd("serve", "--data", data, "--bind", f"127.0.0.1:{free_port()}")
+        assert second.returncode == 1
+        assert second.stderr.strip().splitlines()[-1] == (
+            f"inboxd: another inboxd daemon is serving the store in {data} (pid {first.pid});"
+            " stop it first"
+        )
+        assert "Traceback" not in second.stderr
+    finally:
+        code, _, err, _ = stop(first)
+    assert code == 0, err
