@@ -94,7 +94,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from inboxd import daemon, heap
+    from inboxd import daemon
 
     data_dir = _data_dir(args)
     config = Config.load(args.config)
@@ -109,16 +109,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ConfigError as exc:  # the config's: exit 1, as for any other bad config value
             raise ConfigError(f"server.bind: {exc.message}") from None
     logs.setup(config.log.level)
-    if not store_exists(data_dir):
+    created = not store_exists(data_dir)
+    if created:
         # One command from nothing to a running daemon: the first serve creates the store and
         # prints the owner's key, like ``init``.
-        created = _init_store(data_dir, "owner@localhost", "Owner")
-        if isinstance(created, dict):
-            _emit(created)
+        made = _init_store(data_dir, "owner@localhost", "Owner")
+        if isinstance(made, dict):
+            _emit(made)
             log.info("store created; the owner's API key was printed on stdout, once")
-    else:
-        # Migrate (and refuse a newer store) before the daemon starts, with a clear error.
-        Store.open(data_dir, readers=1).close()
+    with daemon.hold_store(data_dir):  # before the migration: not under a daemon that serves
+        if not created:
+            # Migrate (and refuse a newer store) before the daemon starts, with a clear error.
+            Store.open(data_dir, readers=1).close()
+        return _serve(data_dir, config, args.bind)
+
+
+def _serve(data_dir: Path, config: Config, bind: str | None) -> int:
+    from inboxd import daemon, heap
 
     async def main() -> None:
         shutdown = trio.Event()
@@ -134,7 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
                 ) -> None:
                     await daemon.run(
-                        data_dir, config, shutdown, bind=args.bind, task_status=task_status
+                        data_dir, config, shutdown, bind=bind, held=True, task_status=task_status
                     )
                     nursery.cancel_scope.cancel()
 

@@ -27,6 +27,7 @@ import fcntl
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -101,16 +102,20 @@ def api_connections(ports: set[int]) -> list[socket.socket]:
     found = []
     ours: set[int] = set()  # (a duplicate may take the number of a file listed, closed since)
     for name in os.listdir(fd_dir):
-        if int(name) in ours:
+        if int(name) in ours or not _is_socket(int(name)):
+            # Only sockets are duplicated: closing a duplicate of the database file (or of any
+            # file SQLite locks) would drop every POSIX lock the process holds on it.
             continue
         try:
             dup = os.dup(int(name))
-        except OSError:  # (closed meanwhile: the listing's own, say)
+        except OSError:  # (closed meanwhile)
             continue
         ours.add(dup)
+        if not _is_socket(dup):  # (closed and opened again as something else meanwhile)
+            continue  # left open rather than closed, for the reason above
         try:
             sock = socket.socket(fileno=dup)
-        except OSError:  # not a socket: a pipe to a child, say, which must not stay open here
+        except OSError:  # (a socket Python cannot take: closing a socket's duplicate is harmless)
             os.close(dup)
             continue
         try:
@@ -126,6 +131,13 @@ def api_connections(ports: set[int]) -> list[socket.socket]:
             pass
         sock.close()
     return found
+
+
+def _is_socket(fd: int) -> bool:
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:  # (closed meanwhile)
+        return False
 
 
 def cut_connections(ports: set[int]) -> int:
@@ -286,11 +298,12 @@ LOCK_FILE: Final = "inboxd.lock"
 
 
 @contextlib.contextmanager
-def _the_only_daemon(data_dir: Path) -> Iterator[None]:
+def hold_store(data_dir: Path) -> Iterator[None]:
     """Hold the store's lock file (``flock``, released when the process ends, however it ends)
     while the daemon runs: two daemons on one store would deliver every webhook event twice, and
-    each one's feed would miss the other's writes. The file holds the holder's pid. The CLI's
-    other commands, which may run beside the daemon, do not take it."""
+    each one's feed would miss the other's writes. The file holds the holder's pid. ``serve``
+    takes it before it migrates the store (and tells ``run`` so); the CLI's other commands,
+    which may run beside the daemon, do not take it."""
     fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
@@ -317,16 +330,17 @@ async def run(
     bind: str | None = None,
     offload_store: bool = True,
     clock: Clock | None = None,
+    held: bool = False,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown`` is set. Reports the bound URLs when ready (none if ``shutdown``
     came first: it stopped while it started). One daemon at a time serves a store: another one
-    running raises ``StoreError``.
+    running raises ``StoreError`` (``held``: the caller holds the store with ``hold_store``).
 
     ``offload_store=False`` keeps SQLite on the trio thread and ``clock=TrioClock()`` makes wall
     time follow trio's clock; only tests on MockClock want those (see ``Store`` and clock.py).
     """
-    with _the_only_daemon(data_dir):
+    with contextlib.nullcontext() if held else hold_store(data_dir):
         await _run(data_dir, config, shutdown, bind, offload_store, clock, task_status)
 
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -518,8 +522,6 @@ async def test_clients_that_stop_reading_cannot_hold_up_a_stop(
     # meanwhile: after 20 s of wall time they go, so that the test ends (and fails on the wall
     # time it took).
     release = threading.Timer(20, lambda: [sock.close() for sock in socks])
-    release.start()
-    started = time.monotonic()
     try:
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(run, shutdown := trio.Event())
@@ -553,6 +555,8 @@ async def test_clients_that_stop_reading_cannot_hold_up_a_stop(
                 for sock in served:
                     sock.close()
             stopped_at = trio.current_time()
+            release.start()
+            started = time.monotonic()
             shutdown.set()
         took = trio.current_time() - stopped_at
     finally:
@@ -565,6 +569,29 @@ async def test_clients_that_stop_reading_cannot_hold_up_a_stop(
             while sock.recv(1 << 16):
                 pass
         sock.close()
+
+
+def test_finding_the_connections_leaves_the_process_s_file_locks_alone(tmp_path: Path) -> None:
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it, SQLite's
+    on the database among them (a review found the search for hypercorn's connections closing a
+    duplicate of each file it looked at)."""
+    locked = tmp_path / "locked"
+    with locked.open("wb") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX)
+        for sock in daemon.api_connections({1}):
+            sock.close()
+        other = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import fcntl, sys; f = open(sys.argv[1], 'wb');"
+                " fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+                str(locked),
+            ],
+            capture_output=True,
+            text=True,
+        )
+    assert other.returncode != 0 and "BlockingIOError" in other.stderr  # still held
 
 
 def revoke_from_outside(store: Any, user_id: str) -> None:
