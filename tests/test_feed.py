@@ -247,6 +247,19 @@ async def test_since_replays_then_goes_live_without_gap_or_duplicate(
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
+async def reset_then_live(
+    owner: httpx.AsyncClient, base_url: str, seeded: Seed, *, since: int, content: str
+) -> dict[str, Any]:
+    """Open the owner's feed at ``since``: a feed.reset first, then the next message live."""
+    async with feed(base_url, seeded.owner_key, since=since) as ws:
+        (reset,) = await frames(ws, 1)
+        assert reset == {"type": "feed.reset"}
+        await ingest(owner, seeded.sales_id, "15550001", content=content)
+        (live,) = await frames(ws, 1)
+    assert live["data"]["content"] == content
+    return live
+
+
 async def test_since_older_than_retention_gets_feed_reset(
     autojump_clock: trio.testing.MockClock, owner: httpx.AsyncClient, base_url: str, seeded: Seed
 ) -> None:
@@ -259,12 +272,7 @@ async def test_since_older_than_retention_gets_feed_reset(
     assert gone["nextAfter"] > 0
     again = (await owner.get("/api/v1/inbox/events", params={"after": gone["nextAfter"]})).json()
     assert again == {"events": [], "nextAfter": gone["nextAfter"], "hasMore": False, "reset": False}
-    async with feed(base_url, seeded.owner_key, since=0) as ws:
-        (reset,) = await frames(ws, 1)
-        assert reset == {"type": "feed.reset"}
-        await ingest(owner, seeded.sales_id, "15550001", content="new")
-        (live,) = await frames(ws, 1)
-        assert live["data"]["content"] == "new"
+    live = await reset_then_live(owner, base_url, seeded, since=0, content="new")
     after = (await owner.get("/api/v1/inbox/events", params={"after": gone["nextAfter"]})).json()
     assert [e["data"]["content"] for e in after["events"]] == ["new"]
     assert after["reset"] is False  # nothing after that seq was pruned
@@ -283,12 +291,7 @@ async def test_a_seq_beyond_the_journal_gets_a_reset_on_the_feed_and_the_rest_ev
     beyond = end + 5
     page = (await owner.get("/api/v1/inbox/events", params={"after": beyond})).json()
     assert page == {"events": [], "nextAfter": end, "hasMore": False, "reset": True}
-    async with feed(base_url, seeded.owner_key, since=beyond) as ws:
-        (reset,) = await frames(ws, 1)
-        assert reset == {"type": "feed.reset"}
-        await ingest(owner, seeded.sales_id, "15550001", content="after the reset")
-        (live,) = await frames(ws, 1)
-        assert live["data"]["content"] == "after the reset"
+    live = await reset_then_live(owner, base_url, seeded, since=beyond, content="after the reset")
     page = (await owner.get("/api/v1/inbox/events", params={"after": page["nextAfter"]})).json()
     assert [e["data"]["content"] for e in page["events"]] == ["after the reset"]
     assert page["reset"] is False and page["nextAfter"] == live["seq"]
