@@ -11,10 +11,10 @@ that carry the row's position among rows of that same microsecond::
 ISO 8601 and RFC 3339 allow that, and Python's (3.11+), JavaScript's and Go's parsers read it as
 the row's own instant (the extra digits are below a microsecond), so a client may treat it as the
 date-time the spec promises; Java's java.time and .NET stop at nine and seven fractional digits,
-and there a client keeps it a string (README). Passed back verbatim it continues exactly after that row. A
-plain date-time a client writes itself means "rows older than this instant". (Nine digits would
-leave three for the place among rows of one microsecond, and an import may give thousands of
-rows the same instant.)
+and there a client keeps it a string (README). Passed back verbatim it continues exactly after
+that row. A plain date-time a client writes itself means "rows older than this instant". (Nine
+digits would leave three for the place among rows of one microsecond, and an import may give
+thousands of rows the same instant.)
 """
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ CHECKPOINT_EVERY_SECONDS: Final = 1.0
 # WAL_RESTART_WAIT_MS), so that the next write starts the log over.
 WAL_LIMIT_BYTES: Final = 64 * 1024 * 1024
 WAL_RESTART_WAIT_MS: Final = 100
+_WAL_FRAME_HEADER_BYTES: Final = 24  # each frame's, before its page
 # While the warm-up child reads the store in (Store.in_memory False), every read goes to a
 # worker thread, and most wait for the disk there: this many may run at once then (more reads
 # from the device in flight, and one whose pages are in memory need not queue behind them). The
@@ -399,9 +400,6 @@ def _checkpoint(conn: sqlite3.Connection, limit: int) -> None:
             conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
         finally:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-
-
-_WAL_FRAME_HEADER_BYTES: Final = 24
 
 
 def _interrupted(exc: BaseException) -> bool:
