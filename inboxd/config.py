@@ -29,6 +29,8 @@ SECOND: Final = 1.0
 MINUTE: Final = 60 * SECOND
 HOUR: Final = 60 * MINUTE
 DAY: Final = 24 * HOUR
+# The longest server.shutdown_timeout: what follows it in a stop takes up to 3 s more.
+SHUTDOWN_TIMEOUT_MAX: Final = 7 * SECOND
 
 _UNITS: Final = {"ms": 0.001, "s": SECOND, "m": MINUTE, "h": HOUR, "d": DAY}
 _DURATION_RE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -76,6 +78,15 @@ def _at_least(low: float) -> Check:
     return check
 
 
+def _between(low: float, high: float, why: str) -> Check:
+    def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+        _at_least(low)(_, attribute, value)
+        if value > high:
+            raise ValueError(f"{_key(attribute)} must be at most {high:g}s ({why}), not {value!r}")
+
+    return check
+
+
 def _more_than(low: float) -> Check:
     def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
         _finite(attribute, value)
@@ -110,9 +121,12 @@ class ServerConfig:
         default=1_048_576, metadata=_kind("int"), validator=_at_least(1)
     )
     # How long in-flight requests may take to finish after SIGTERM (systemd's TimeoutStopSec is
-    # set above it).
+    # set above it). Bounded so that the stop keeps CONTRACT section 1's 10 s: after it come the
+    # cut of stuck connections (0.5 s), the cache keeper's stop (at most 2 s) and the last commit.
     shutdown_timeout: float = attrs.field(
-        default=5.0, metadata=_kind("duration"), validator=_at_least(0)
+        default=5.0,
+        metadata=_kind("duration"),
+        validator=_between(0, SHUTDOWN_TIMEOUT_MAX, "the daemon exits within 10 s of SIGTERM"),
     )
     # The address users reach the daemon at, for links in emails; empty: the bound address.
     public_url: str = attrs.field(default="", metadata=_kind("str"))

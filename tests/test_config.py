@@ -87,6 +87,8 @@ def test_toml_then_environment(tmp_path: Path) -> None:
         # Values that would break the daemon at their first use are refused, naming the key.
         ("[server]\nmax_body_bytes = -1\n", {}, "max_body_bytes must be at least 1"),
         ("[feed]\nqueue_bound = 0\n", {}, "queue_bound must be at least 1"),
+        # Longer, and the stop would outlast CONTRACT section 1's 10 s.
+        ("[server]\nshutdown_timeout = '8s'\n", {}, "shutdown_timeout must be at most 7s"),
         ("", {"INBOXD_MAIL_SMTP_PORT": "70000"}, "smtp_port must be a port from 1 to 65535"),
         ("[webhooks]\nrequest_timeout = '0s'\n", {}, "request_timeout must be more than 0"),
         ("[webhooks]\nca_file = '/no/such/ca.pem'\n", {}, "ca_file: /no/such/ca.pem does not"),
