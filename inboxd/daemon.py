@@ -197,8 +197,7 @@ async def _housekeeping(app_state: AppState) -> None:
 async def prune_journal(app_state: AppState) -> int:
     """Delete the events older than feed.retention that nothing owes, a batch per transaction
     (so other writes go in between); returns how many went."""
-    retention_us = round(app_state.config.feed.retention * 1_000_000)
-    before = app_state.clock.now_us() - retention_us
+    before = app_state.oldest_kept_us()
     total = 0
     try:
         while True:

@@ -98,6 +98,11 @@ class AppState:
 
     ready: bool = True
 
+    def oldest_kept_us(self) -> int:
+        """The journal keeps events from this time on (feed.retention ago): older ones are pruned,
+        and a client resuming before it is told to refetch."""
+        return self.clock.now_us() - round(self.config.feed.retention * 1_000_000)
+
 
 class KeyCache:
     """API key -> Principal, so that most requests make one trip to the store instead of two.

@@ -11,7 +11,7 @@ import orjson
 import trio
 from quart import Blueprint, Response, request, websocket
 
-from inboxd.api.app import authenticate, now_us, principal, state, take_rate
+from inboxd.api.app import authenticate, principal, state, take_rate
 from inboxd.api.http import arg_limit, encoded_json
 from inboxd.errors import InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import (
@@ -224,15 +224,11 @@ def _replay_bounds(
     return None
 
 
-def _oldest_kept() -> int:
-    return now_us() - round(state().config.feed.retention * 1_000_000)
-
-
 async def _replay(client: FeedClient, since: int) -> int:
     """Send the journal's events after ``since``; returns the last seq looked at. Stops as soon
     as the client is closed (its key revoked, say): events committed after that are not its."""
     store = state().store
-    end = await store.read(_replay_bounds, client.who.account_pk, since, _oldest_kept())
+    end = await store.read(_replay_bounds, client.who.account_pk, since, state().oldest_kept_us())
     if end is not None:
         await websocket.send(RESET_FRAME)  # the gap cannot be filled: the client refetches
         # The live events up to ``end`` are skipped, access changes among them too: read the
@@ -273,7 +269,7 @@ async def list_events() -> Response:
     # As the feed's feed.reset: events after ``after`` are gone (pruned, past feed.retention) or
     # ``after`` is beyond every seq given. Nothing is listed; the client refetches what it keeps
     # and goes on from the journal's end, so the next page is not a reset again.
-    end = await store.read(_replay_bounds, who.account_pk, after, _oldest_kept())
+    end = await store.read(_replay_bounds, who.account_pk, after, state().oldest_kept_us())
     if end is not None:
         return encoded_json(b'{"events":[],"nextAfter":%d,"hasMore":false,"reset":true}' % end)
     frames: list[bytes] = []
