@@ -77,9 +77,11 @@ def arg_cursor() -> tuple[int, int] | None:
         ) from None
 
 
-def arg_str(name: str, *, required: bool = False) -> str | None:
+def arg_str(name: str, *, required: bool = False, empty_allowed: bool = True) -> str | None:
+    """A query parameter's text; an empty one is None, or, when required, "" if
+    ``empty_allowed`` (an empty search query finds nothing) and missing if not."""
     raw = _arg(name)
-    if raw is None or (raw == "" and not required):
+    if raw is None or (raw == "" and not (required and empty_allowed)):
         if required:
             raise InvalidRequest(f"query parameter {name} is required")
         return None

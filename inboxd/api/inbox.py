@@ -79,9 +79,8 @@ async def search_conversations() -> Response:
         raise InvalidRequest("query must not contain a NUL character")
     if len(query) > MAX_QUERY:
         raise InvalidRequest(f"query must be text of at most {MAX_QUERY} characters")
-    channel_id = arg_str("channelId", required=True)
-    if not channel_id:  # (an empty one names no channel: as if it were missing)
-        raise InvalidRequest("query parameter channelId is required")
+    # (an empty one names no channel: as if it were missing)
+    channel_id = arg_str("channelId", required=True, empty_allowed=False)
     limit = arg_limit()
     result = await state().store.read(conversations.search, principal(), channel_id, query, limit)
     return json_response(
