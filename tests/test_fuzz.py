@@ -6,7 +6,7 @@ loop. Path parameters are real ids of the seeded store or odd text; query parame
 documented names with odd values; bodies are any JSON, or the documented fields with values of
 any JSON type. A request left unanswered for 10 s fails it as well: that is how it found
 keep-alive connections hanging after an answer given before the body (tests/test_api_errors.py).
-CI runs a fixed (derandomized) set of 800; ``INBOXD_FUZZ_EXAMPLES=N`` runs N new random ones.
+CI runs a fixed (derandomized) set of 800, each operation its share; ``INBOXD_FUZZ_EXAMPLES=N`` runs N new random ones.
 """
 
 from __future__ import annotations
@@ -217,49 +217,56 @@ def _fuzz(base_url: str, keys: list[str]) -> dict[tuple[str, str], set[int]]:
     with httpx.Client(
         base_url=base_url, timeout=10.0, event_hooks={"response": [checked]}
     ) as client:
-
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=FIXED,
-            database=None,
-            suppress_health_check=[
-                HealthCheck.too_slow,
-                HealthCheck.data_too_large,
-                HealthCheck.filter_too_much,
-            ],
-        )
-        @given(data=st.data())
-        def one_request(data: st.DataObject) -> None:
-            method, template = data.draw(st.sampled_from(sorted(OPERATIONS)), "operation")
-            operation = OPERATIONS[method, template]
-            path = template
-            for parameter in _parameters(operation, "path"):
-                name = parameter["name"]
-                value = data.draw(odd_or_valid(parameter["schema"], name, ODD_TEXT), name)
-                path = path.replace("{" + name + "}", quote(_as_query_text(value), safe=""))
-            params = {}
-            for parameter in _parameters(operation, "query"):
-                name = parameter["name"]
-                if parameter.get("required") or data.draw(st.booleans(), f"with {name}"):
-                    value = data.draw(odd_or_valid(parameter["schema"], name, ODD_TEXT), name)
-                    params[name] = _as_query_text(value)
-            headers = auth(data.draw(st.sampled_from(keys), "key"))
-            idempotent = any(
-                p["name"] == "Idempotency-Key" for p in _parameters(operation, "header")
-            )
-            if idempotent and data.draw(st.booleans(), "with Idempotency-Key"):
-                headers["Idempotency-Key"] = data.draw(HEADER_TEXT, "Idempotency-Key")
-            body = data.draw(_body(operation), "body")
-            response = client.request(
-                method,
-                path,
-                params=params,
-                headers=headers,
-                json=body if method in {"POST", "PUT", "PATCH"} else None,
-            )
-            statuses[method, template].add(response.status_code)
-            assert response.status_code < 500, (response.status_code, response.text[:500])
-
-        one_request()
+        # Each operation gets its share of the examples in a run of its own: drawn from one run
+        # for all, how many operations ever succeeded swung with hypothesis's version (31 of 44
+        # in one version's fixed set, 35-37 in random ones).
+        for method, template in sorted(OPERATIONS):
+            _fuzz_operation(client, method, template, keys, statuses[method, template])
     return statuses
+
+
+def _fuzz_operation(
+    client: httpx.Client, method: str, template: str, keys: list[str], statuses: set[int]
+) -> None:
+    operation = OPERATIONS[method, template]
+
+    @settings(
+        max_examples=max(1, EXAMPLES // len(OPERATIONS)),
+        deadline=None,
+        derandomize=FIXED,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
+    )
+    @given(data=st.data())
+    def one_request(data: st.DataObject) -> None:
+        path = template
+        for parameter in _parameters(operation, "path"):
+            name = parameter["name"]
+            value = data.draw(odd_or_valid(parameter["schema"], name, ODD_TEXT), name)
+            path = path.replace("{" + name + "}", quote(_as_query_text(value), safe=""))
+        params = {}
+        for parameter in _parameters(operation, "query"):
+            name = parameter["name"]
+            if parameter.get("required") or data.draw(st.booleans(), f"with {name}"):
+                value = data.draw(odd_or_valid(parameter["schema"], name, ODD_TEXT), name)
+                params[name] = _as_query_text(value)
+        headers = auth(data.draw(st.sampled_from(keys), "key"))
+        idempotent = any(p["name"] == "Idempotency-Key" for p in _parameters(operation, "header"))
+        if idempotent and data.draw(st.booleans(), "with Idempotency-Key"):
+            headers["Idempotency-Key"] = data.draw(HEADER_TEXT, "Idempotency-Key")
+        body = data.draw(_body(operation), "body")
+        response = client.request(
+            method,
+            path,
+            params=params,
+            headers=headers,
+            json=body if method in {"POST", "PUT", "PATCH"} else None,
+        )
+        statuses.add(response.status_code)
+        assert response.status_code < 500, (method, path, response.status_code, response.text[:500])
+
+    one_request()
