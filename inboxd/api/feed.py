@@ -206,29 +206,32 @@ async def _refresh(client: FeedClient, change: FeedEvent | None = None) -> bool:
     return True
 
 
-def _replay_bounds(
-    conn: sqlite3.Connection, account_pk: int, since: int, oldest_kept: int
-) -> int | None:
-    """The journal's end if the events after ``since`` cannot all be given, else None: ``since``
-    is beyond the last seq ever given, events after it were pruned, or its account's first event
-    after it is older than ``oldest_kept`` (feed.retention ago). The client must then refetch
-    what it keeps and go on from the end (``feed.reset``; ``"reset": true`` on GET /events)."""
+def _first_batch(
+    conn: sqlite3.Connection, account_pk: int, since: int, oldest_kept: int, want: int
+) -> tuple[int | None, list[events.JournalEvent]]:
+    """The account's first ``want`` events after ``since``, in one snapshot with the check that
+    they are all still there: (None, events), or (the journal's end, []) when ``since`` is beyond
+    the last seq ever given, events after it were pruned, or the first event after it is older
+    than ``oldest_kept`` (feed.retention ago). The client must then refetch what it keeps and go
+    on from the end (``feed.reset``; ``"reset": true`` on GET /events)."""
     end = journal_end(conn)
-    first = events.read_after(conn, account_pk, since, 1)
+    batch = events.read_after(conn, account_pk, since, want)
     if (
         since > end
         or since < events.pruned_through(conn)
-        or (first and first[0].created_at < oldest_kept)
+        or (batch and batch[0].created_at < oldest_kept)
     ):
-        return end
-    return None
+        return end, []
+    return None, batch
 
 
 async def _replay(client: FeedClient, since: int) -> int:
     """Send the journal's events after ``since``; returns the last seq looked at. Stops as soon
     as the client is closed (its key revoked, say): events committed after that are not its."""
     store = state().store
-    end = await store.read(_replay_bounds, client.who.account_pk, since, state().oldest_kept_us())
+    end, batch = await store.read(
+        _first_batch, client.who.account_pk, since, state().oldest_kept_us(), REPLAY_BATCH
+    )
     if end is not None:
         await websocket.send(RESET_FRAME)  # the gap cannot be filled: the client refetches
         # The live events up to ``end`` are skipped, access changes among them too: read the
@@ -237,7 +240,6 @@ async def _replay(client: FeedClient, since: int) -> int:
         return end
     last = since
     while client.close_code is None:
-        batch = await store.read(events.read_after, client.who.account_pk, last, REPLAY_BATCH)
         for journal_event in batch:
             if await _revoked(client):
                 return last
@@ -250,6 +252,7 @@ async def _replay(client: FeedClient, since: int) -> int:
             last = event.seq
         if len(batch) < REPLAY_BATCH:
             break
+        batch = await store.read(events.read_after, client.who.account_pk, last, REPLAY_BATCH)
     return last
 
 
@@ -269,15 +272,16 @@ async def list_events() -> Response:
     # As the feed's feed.reset: events after ``after`` are gone (pruned, past feed.retention) or
     # ``after`` is beyond every seq given. Nothing is listed; the client refetches what it keeps
     # and goes on from the journal's end, so the next page is not a reset again.
-    end = await store.read(_replay_bounds, who.account_pk, after, state().oldest_kept_us())
+    want = limit + 1
+    end, batch = await store.read(
+        _first_batch, who.account_pk, after, state().oldest_kept_us(), want
+    )
     if end is not None:
         return encoded_json(b'{"events":[],"nextAfter":%d,"hasMore":false,"reset":true}' % end)
     frames: list[bytes] = []
     last = after
     has_more = False
-    want = limit + 1
     while not has_more:
-        batch = await store.read(events.read_after, who.account_pk, last, want)
         for journal_event in batch:
             if may_see(who, journal_event.channel_pk):
                 if len(frames) == limit:
@@ -288,6 +292,7 @@ async def list_events() -> Response:
         if len(batch) < want:
             break
         want = REPLAY_BATCH
+        batch = await store.read(events.read_after, who.account_pk, last, want)
     body = b'{"events":[%s],"nextAfter":%d,"hasMore":%s,"reset":false}' % (
         b",".join(frames),
         last,
