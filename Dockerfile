@@ -9,8 +9,10 @@ RUN useradd --system --home-dir /var/lib/inboxd --shell /usr/sbin/nologin inboxd
 
 WORKDIR /opt/inboxd
 COPY pyproject.toml README.md ./
+COPY .ci/constraints.txt ./constraints.txt
 COPY inboxd ./inboxd
-RUN pip install --no-cache-dir . && rm -rf /root/.cache
+# The versions CI last passed with (.ci/constraints.txt).
+RUN pip install --no-cache-dir . -c constraints.txt && rm -rf /root/.cache
 COPY config/inboxd.toml /etc/inboxd/inboxd.toml
 
 ENV INBOXD_DATA=/var/lib/inboxd \
