@@ -4,6 +4,7 @@ dies is replaced, and the batch it was running fails with 503 rather than hangs.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -719,5 +720,32 @@ def test_the_database_file_is_synced_before_restart_holds_writes_back(
         f"fdatasync {path.resolve()}",
         "PRAGMA wal_checkpoint(RESTART)",
     ]
+    for conn in (writer, checkpointer):
+        conn.close()
+
+
+def test_a_failed_head_start_sync_leaves_the_checkpoint_to_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpointer's own sync is only a head start: an OSError there (the daemon's
+    checkpoint loop handles SQLite's errors, not others) must not end the loop; the RESTART
+    still runs and the log starts over."""
+    path = tmp_path / "wal.db"
+    writer = db._connect(path, readonly=False)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("CREATE TABLE t (x BLOB)")
+    checkpointer = db._connect(path, readonly=False)
+
+    def refused(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", refused)
+    for _ in range(20):
+        writer.execute("INSERT INTO t VALUES (randomblob(8000))")
+    first = _log_starts(Path(f"{path}-wal"))
+    db._checkpoint(checkpointer, 64 * 1024)  # no OSError out of it
+    writer.execute("INSERT INTO t VALUES (randomblob(8000))")
+    assert _log_starts(Path(f"{path}-wal")) != first  # RESTART ran: the log started over
     for conn in (writer, checkpointer):
         conn.close()

@@ -411,13 +411,18 @@ def _checkpoint(conn: sqlite3.Connection, limit: int) -> None:
 
 
 def _sync_database_file(conn: sqlite3.Connection) -> None:
-    """fdatasync ``conn``'s database file: whoever wrote its pages, they are on the disk after."""
+    """fdatasync ``conn``'s database file: whoever wrote its pages, they are on the disk after.
+    Only a head start: where it fails (a disk that refuses it), the RESTART after it syncs the
+    file itself, and SQLite's error from there is what the checkpointer reports."""
     path = conn.execute("PRAGMA database_list").fetchone()[2]
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def _interrupted(exc: BaseException) -> bool:
