@@ -339,6 +339,46 @@ def test_opening_a_store_keeps_sqlite_s_locks_on_the_wal_index(tmp_path: Path) -
         store.close()
 
 
+def test_the_checkpointer_s_own_sync_keeps_sqlite_s_lock_on_the_database_file(
+    tmp_path: Path,
+) -> None:
+    """The checkpointer syncs the database file itself before a RESTART (db._checkpoint). In WAL
+    mode every open connection holds a shared lock on that file, and another process closing
+    its last connection (the CLI) deletes the WAL unless it sees one: a descriptor opened and
+    closed for the sync would have dropped all of ours (POSIX locks are the process's). Checked
+    from another process, as fcntl locks need."""
+    seed = seed_store(tmp_path / "data")
+    store = Store.open(seed.data_dir)
+    path = db.db_path(seed.data_dir)
+    checkpointer = db._connect(path, readonly=False)
+    # SQLite's shared lock: a read lock on bytes SHARED_FIRST (the pending byte, 2**30, plus 2)
+    # onwards (os_unix.c); a write lock on its first byte fails while one is held.
+    probe = (
+        "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "try: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2**30 + 2)\n"
+        "except OSError: print('held')\n"
+        "else: print('free')"
+    )
+
+    def lock() -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(path)], capture_output=True, text=True
+        )
+        return out.stdout.strip()
+
+    try:
+        store.read_sync(lambda conn: conn.execute("SELECT count(*) FROM users").fetchone())
+        assert lock() == "held"
+        for _ in range(3):
+            store.write_sync(lambda conn: conn.execute("UPDATE accounts SET name = name || 'x'"))
+        db._checkpoint(checkpointer, 1, store.database_fd())  # past the limit: sync, RESTART
+        assert lock() == "held"
+    finally:
+        checkpointer.close()
+        store.close()
+    assert lock() == "free"  # (the probe can tell)
+
+
 async def test_key_cache_survives_other_commits_and_sees_access_changes(tmp_path: Path) -> None:
     from inboxd.api.app import KeyCache
     from inboxd.ids import hash_api_key

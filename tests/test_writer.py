@@ -656,6 +656,7 @@ def test_the_wal_starts_over_while_readers_come_and_go(tmp_path: Path) -> None:
     writer.execute("CREATE TABLE t (x BLOB)")
     reader = db._connect(path, readonly=True)
     checkpointer = db._connect(path, readonly=False)
+    database_fd = os.open(path, os.O_RDONLY)
     limit = 64 * 1024
 
     def write() -> None:
@@ -670,7 +671,7 @@ def test_the_wal_starts_over_while_readers_come_and_go(tmp_path: Path) -> None:
         write()  # ... and the log grows past it: a checkpoint copies only up to the reader
         done = threading.Timer(0.01, lambda: reader.execute("COMMIT"))
         done.start()
-        db._checkpoint(checkpointer, limit)
+        db._checkpoint(checkpointer, limit, database_fd)
         done.join()
         write()
         if _log_starts(Path(f"{path}-wal")) != first:
@@ -680,6 +681,7 @@ def test_the_wal_starts_over_while_readers_come_and_go(tmp_path: Path) -> None:
     assert frames < 10  # the log started over: it holds the last write alone
     for conn in (writer, reader, checkpointer):
         conn.close()
+    os.close(database_fd)  # (after the connections: it would drop their locks)
 
 
 def test_the_database_file_is_synced_before_restart_holds_writes_back(
@@ -696,6 +698,7 @@ def test_the_database_file_is_synced_before_restart_holds_writes_back(
     writer.execute("PRAGMA wal_autocheckpoint = 0")
     writer.execute("CREATE TABLE t (x BLOB)")
     checkpointer = db._connect(path, readonly=False)
+    database_fd = os.open(path, os.O_RDONLY)
     steps: list[str] = []
     fdatasync = os.fdatasync
 
@@ -709,12 +712,12 @@ def test_the_database_file_is_synced_before_restart_holds_writes_back(
     )
     limit = 64 * 1024
     writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-    db._checkpoint(checkpointer, limit)  # one page or two: under the limit
+    db._checkpoint(checkpointer, limit, database_fd)  # one page or two: under the limit
     assert steps == ["PRAGMA wal_checkpoint(PASSIVE)"]
     steps.clear()
     for _ in range(20):  # past it
         writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-    db._checkpoint(checkpointer, limit)
+    db._checkpoint(checkpointer, limit, database_fd)
     assert steps == [
         "PRAGMA wal_checkpoint(PASSIVE)",
         f"fdatasync {path.resolve()}",
@@ -722,6 +725,7 @@ def test_the_database_file_is_synced_before_restart_holds_writes_back(
     ]
     for conn in (writer, checkpointer):
         conn.close()
+    os.close(database_fd)
 
 
 def test_a_failed_head_start_sync_leaves_the_checkpoint_to_restart(
@@ -736,6 +740,7 @@ def test_a_failed_head_start_sync_leaves_the_checkpoint_to_restart(
     writer.execute("PRAGMA wal_autocheckpoint = 0")
     writer.execute("CREATE TABLE t (x BLOB)")
     checkpointer = db._connect(path, readonly=False)
+    database_fd = os.open(path, os.O_RDONLY)
 
     def refused(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -744,8 +749,9 @@ def test_a_failed_head_start_sync_leaves_the_checkpoint_to_restart(
     for _ in range(20):
         writer.execute("INSERT INTO t VALUES (randomblob(8000))")
     first = _log_starts(Path(f"{path}-wal"))
-    db._checkpoint(checkpointer, 64 * 1024)  # no OSError out of it
+    db._checkpoint(checkpointer, 64 * 1024, database_fd)  # no OSError out of it
     writer.execute("INSERT INTO t VALUES (randomblob(8000))")
     assert _log_starts(Path(f"{path}-wal")) != first  # RESTART ran: the log started over
     for conn in (writer, checkpointer):
         conn.close()
+    os.close(database_fd)

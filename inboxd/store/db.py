@@ -43,6 +43,7 @@ same file while the daemon runs; ``busy_timeout`` makes them wait their turn.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ctypes
 import logging
@@ -387,7 +388,7 @@ def _migrate_from(conn: sqlite3.Connection, version: int) -> int:
     return applied
 
 
-def _checkpoint(conn: sqlite3.Connection, limit: int) -> None:
+def _checkpoint(conn: sqlite3.Connection, limit: int, database_fd: int) -> None:
     """A PASSIVE checkpoint; and a RESTART one when the log holds more than ``limit`` bytes of
     frames (WAL_LIMIT_BYTES above). A PASSIVE round may copy all of the log, yet the next write
     goes on at its end while any reader still reads from it, and under steady reads one always
@@ -397,12 +398,14 @@ def _checkpoint(conn: sqlite3.Connection, limit: int) -> None:
     SQLite syncs that file only in a round that reaches the log's end, so under steady writes
     the PASSIVE rounds before it leave everything they copied unsynced: on the generated store
     about 100 MB, whose sync took 44-66 ms, every write waiting meanwhile. The checkpointer
-    syncs the file first, holding nothing, and RESTART's own sync is left the few pages it
-    copies itself (bench/HISTORY.md, the thirty-second session)."""
+    syncs the file first (through ``database_fd``, a descriptor of it kept open: see
+    ``Store.database_fd``), holding no lock, and RESTART's own sync is left the few pages it
+    copies itself (bench/HISTORY.md, the thirty-second session). Commits still share the disk
+    with that sync meanwhile."""
     _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
     if frames * (page_size + _WAL_FRAME_HEADER_BYTES) > limit:
-        _sync_database_file(conn)
+        _head_start_sync(database_fd)
         conn.execute(f"PRAGMA busy_timeout = {WAL_RESTART_WAIT_MS}")
         try:
             conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
@@ -410,19 +413,12 @@ def _checkpoint(conn: sqlite3.Connection, limit: int) -> None:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
 
-def _sync_database_file(conn: sqlite3.Connection) -> None:
-    """fdatasync ``conn``'s database file: whoever wrote its pages, they are on the disk after.
-    Only a head start: where it fails (a disk that refuses it), the RESTART after it syncs the
-    file itself, and SQLite's error from there is what the checkpointer reports."""
-    path = conn.execute("PRAGMA database_list").fetchone()[2]
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+def _head_start_sync(fd: int) -> None:
+    """fdatasync the database file through ``fd``: whoever wrote its pages, they are on the disk
+    after. Only a head start: where it fails (a disk that refuses it), the RESTART after it
+    syncs the file itself, and SQLite's error from there is what the checkpointer reports."""
+    with contextlib.suppress(OSError):
+        os.fdatasync(fd)
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -818,6 +814,9 @@ class Store:
         # anything else on the thread in between (rare: nothing else there reads files) is put
         # down to that next read or write, which then goes to threads for a second for nothing.
         self._blocks_seen: int | None = None
+        # A descriptor of the database file for the checkpointer's own sync, opened on first use
+        # and closed only after every connection (see database_fd).
+        self._database_fd: int | None = None
         # Used only on the trio thread, only for commit_stamp (its fallback and the mapping).
         self._version_conn = _connect(self.path, readonly=True)
         # Read only while _version_conn is open (see wal_index_header).
@@ -900,6 +899,7 @@ class Store:
         PASSIVE never waits for readers or the writer; pages that a reader still needs are
         copied by a later round. Cancellation: between rounds; a round under way finishes."""
         conn = _connect(self.path, readonly=False)
+        database_fd = self.database_fd()
         try:
             await self._set_autocheckpoint(0)
             while True:
@@ -908,9 +908,11 @@ class Store:
                 await trio.sleep(CHECKPOINT_EVERY_SECONDS)
                 try:
                     if self._offload:
-                        await trio.to_thread.run_sync(_checkpoint, conn, WAL_LIMIT_BYTES)
+                        await trio.to_thread.run_sync(
+                            _checkpoint, conn, WAL_LIMIT_BYTES, database_fd
+                        )
                     else:
-                        _checkpoint(conn, WAL_LIMIT_BYTES)
+                        _checkpoint(conn, WAL_LIMIT_BYTES, database_fd)
                 except sqlite3.Error as exc:
                     if self.storage.failed(exc, "checkpoints") is None:  # (logged there)
                         log.exception("could not checkpoint the WAL")
@@ -947,6 +949,20 @@ class Store:
         self._wal_header = None  # SQLite unmaps it with the last connection
         for conn in [self._writer, *self._readers, self._inline, self._version_conn]:
             conn.close()
+        if self._database_fd is not None:  # last: closing it drops the process's locks
+            os.close(self._database_fd)
+            self._database_fd = None
+
+    def database_fd(self) -> int:
+        """A descriptor of the database file, kept open until ``close`` has closed every
+        connection. Closing *any* descriptor of a file drops all of the process's POSIX locks on
+        it, and SQLite holds one on the database file while a connection is open, which tells
+        another process closing its last connection (the CLI) that the WAL is still in use: a
+        descriptor opened and closed for one sync would let it delete the WAL under the daemon
+        (see ``wal_index_header``)."""
+        if self._database_fd is None:
+            self._database_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        return self._database_fd
 
     # -- sync access (CLI, tests) --------------------------------------------------------------
 
