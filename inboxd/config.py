@@ -29,7 +29,8 @@ SECOND: Final = 1.0
 MINUTE: Final = 60 * SECOND
 HOUR: Final = 60 * MINUTE
 DAY: Final = 24 * HOUR
-# The longest server.shutdown_timeout: what follows it in a stop takes up to 3 s more.
+# The longest server.shutdown_timeout: what follows it in a stop takes up to 3 s more (but for a
+# writer child that hangs: see ServerConfig.shutdown_timeout).
 SHUTDOWN_TIMEOUT_MAX: Final = 7 * SECOND
 
 _UNITS: Final = {"ms": 0.001, "s": SECOND, "m": MINUTE, "h": HOUR, "d": DAY}
@@ -82,7 +83,7 @@ def _between(low: float, high: float, why: str) -> Check:
     def check(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
         _at_least(low)(_, attribute, value)
         if value > high:
-            raise ValueError(f"{_key(attribute)} must be at most {high:g}s ({why}), not {value!r}")
+            raise ValueError(f"{_key(attribute)} must be at most {high:g}s ({why}), not {value:g}s")
 
     return check
 
@@ -122,7 +123,8 @@ class ServerConfig:
     )
     # How long in-flight requests may take to finish after SIGTERM (systemd's TimeoutStopSec is
     # set above it). Bounded so that the stop keeps CONTRACT section 1's 10 s: after it come the
-    # cut of stuck connections (0.5 s), the cache keeper's stop (at most 2 s) and the last commit.
+    # cut of stuck connections (0.5 s), the cache keeper's stop (at most 2 s) and the writer
+    # child's last commit (milliseconds; one that hangs is given 5 s before it is killed).
     shutdown_timeout: float = attrs.field(
         default=5.0,
         metadata=_kind("duration"),

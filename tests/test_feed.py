@@ -33,7 +33,7 @@ from inboxd.api import feed as feed_api
 from inboxd.api.app import KeyCache
 from inboxd.config import Config, FeedConfig, LimitsConfig, ServerConfig
 from inboxd.feed import SEND_TURNS, FeedClient, FeedHub
-from inboxd.store import accounts
+from inboxd.store import accounts, events
 from inboxd.store.db import Store
 from tests.conftest import Seed, auth, ingest, owner_client, restartable_daemon
 from tests.openapi_check import check_feed_frame
@@ -426,15 +426,24 @@ async def test_clients_start_their_writes_a_few_per_pass_of_the_scheduler(
 
 
 async def test_rest_events_same_stream_and_visibility(
-    owner: httpx.AsyncClient, seeded: Seed
+    owner: httpx.AsyncClient, seeded: Seed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for i in range(5):
         await ingest(
             owner, seeded.sales_id if i % 2 else seeded.support_id, f"1555000{i}", content=f"m{i}"
         )
+    reads: list[int] = []
+    read_after = events.read_after
+
+    def counted(*args: Any) -> Any:
+        reads.append(args[-1])
+        return read_after(*args)
+
+    monkeypatch.setattr(events, "read_after", counted)
     page = (await owner.get("/api/v1/inbox/events", params={"limit": 3})).json()
     assert [e["data"]["content"] for e in page["events"]] == ["m0", "m1", "m2"]
     assert page["hasMore"] is True
+    assert reads == [4]  # the page and one more, to know there is more: one read of the journal
     rest = (await owner.get("/api/v1/inbox/events", params={"after": page["nextAfter"]})).json()
     assert [e["data"]["content"] for e in rest["events"]] == ["m3", "m4"]
     assert rest["hasMore"] is False

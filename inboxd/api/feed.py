@@ -289,7 +289,7 @@ async def list_events() -> Response:
                     break
                 frames.append(frame_of(journal_event.seq, journal_event.body))
             last = journal_event.seq
-        if len(batch) < want:
+        if has_more or len(batch) < want:
             break
         want = REPLAY_BATCH
         batch = await store.read(events.read_after, who.account_pk, last, want)
