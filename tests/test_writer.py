@@ -4,6 +4,7 @@ dies is replaced, and the batch it was running fails with 503 rather than hangs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -12,7 +13,7 @@ import pickle
 import signal
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -641,6 +642,25 @@ def _log_starts(wal: Path) -> int:
         return int.from_bytes(log.read(16)[12:16], "big")
 
 
+@contextlib.contextmanager
+def _wal_file(tmp_path: Path) -> Iterator[tuple[Path, sqlite3.Connection, sqlite3.Connection, int]]:
+    """A database in WAL mode with no automatic checkpoint: its path, a writer connection, a
+    checkpointer connection and a descriptor of the file for db._checkpoint's own sync."""
+    path = tmp_path / "wal.db"
+    writer = db._connect(path, readonly=False)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("CREATE TABLE t (x BLOB)")
+    checkpointer = db._connect(path, readonly=False)
+    database_fd = os.open(path, os.O_RDONLY)
+    try:
+        yield path, writer, checkpointer, database_fd
+    finally:
+        for conn in (writer, checkpointer):
+            conn.close()
+        os.close(database_fd)  # (after the connections: it would drop their locks)
+
+
 def test_the_wal_starts_over_while_readers_come_and_go(tmp_path: Path) -> None:
     """A PASSIVE checkpoint copies the log only up to what the oldest reader reads, and the next
     write goes on at the log's end unless all of it was copied and no reader still uses it;
@@ -649,39 +669,31 @@ def test_the_wal_starts_over_while_readers_come_and_go(tmp_path: Path) -> None:
     grew it by about 40 MB a second. Past WAL_LIMIT_BYTES of frames the checkpointer now also
     asks for a RESTART checkpoint, which waits (up to WAL_RESTART_WAIT_MS) for the readers of
     the moment to finish, and the next write starts the log over."""
-    path = tmp_path / "wal.db"
-    writer = db._connect(path, readonly=False)
-    writer.execute("PRAGMA journal_mode = WAL")
-    writer.execute("PRAGMA wal_autocheckpoint = 0")
-    writer.execute("CREATE TABLE t (x BLOB)")
-    reader = db._connect(path, readonly=True)
-    checkpointer = db._connect(path, readonly=False)
-    database_fd = os.open(path, os.O_RDONLY)
-    limit = 64 * 1024
+    with _wal_file(tmp_path) as (path, writer, checkpointer, database_fd):
+        reader = db._connect(path, readonly=True)
+        limit = 64 * 1024
 
-    def write() -> None:
-        writer.execute("INSERT INTO t VALUES (randomblob(8000))")
+        def write() -> None:
+            writer.execute("INSERT INTO t VALUES (randomblob(8000))")
 
-    for _ in range(20):  # past the limit
-        write()
-    first = _log_starts(Path(f"{path}-wal"))
-    for _attempt in range(5):  # (a reader's end comes from a thread: given a few tries)
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM t").fetchone()  # it reads the log as it is now
-        write()  # ... and the log grows past it: a checkpoint copies only up to the reader
-        done = threading.Timer(0.01, lambda: reader.execute("COMMIT"))
-        done.start()
-        db._checkpoint(checkpointer, limit, database_fd)
-        done.join()
-        write()
-        if _log_starts(Path(f"{path}-wal")) != first:
-            break
-    assert _log_starts(Path(f"{path}-wal")) != first
-    frames = checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
-    assert frames < 10  # the log started over: it holds the last write alone
-    for conn in (writer, reader, checkpointer):
-        conn.close()
-    os.close(database_fd)  # (after the connections: it would drop their locks)
+        for _ in range(20):  # past the limit
+            write()
+        first = _log_starts(Path(f"{path}-wal"))
+        for _attempt in range(5):  # (a reader's end comes from a thread: given a few tries)
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM t").fetchone()  # it reads the log as it is now
+            write()  # ... and the log grows past it: a checkpoint copies only up to the reader
+            done = threading.Timer(0.01, lambda: reader.execute("COMMIT"))
+            done.start()
+            db._checkpoint(checkpointer, limit, database_fd)
+            done.join()
+            write()
+            if _log_starts(Path(f"{path}-wal")) != first:
+                break
+        assert _log_starts(Path(f"{path}-wal")) != first
+        frames = checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+        assert frames < 10  # the log started over: it holds the last write alone
+        reader.close()
 
 
 def test_the_database_file_is_synced_before_restart_holds_writes_back(
@@ -692,40 +704,31 @@ def test_the_database_file_is_synced_before_restart_holds_writes_back(
     a round that reaches the log's end), and on the generated store that sync took 44-66 ms of
     every write's time. The checkpointer syncs the file first, holding nothing; under the limit
     it neither syncs nor restarts."""
-    path = tmp_path / "wal.db"
-    writer = db._connect(path, readonly=False)
-    writer.execute("PRAGMA journal_mode = WAL")
-    writer.execute("PRAGMA wal_autocheckpoint = 0")
-    writer.execute("CREATE TABLE t (x BLOB)")
-    checkpointer = db._connect(path, readonly=False)
-    database_fd = os.open(path, os.O_RDONLY)
-    steps: list[str] = []
-    fdatasync = os.fdatasync
+    with _wal_file(tmp_path) as (path, writer, checkpointer, database_fd):
+        steps: list[str] = []
+        fdatasync = os.fdatasync
 
-    def recorded(fd: int) -> None:
-        steps.append(f"fdatasync {os.readlink(f'/proc/self/fd/{fd}')}")
-        fdatasync(fd)
+        def recorded(fd: int) -> None:
+            steps.append(f"fdatasync {os.readlink(f'/proc/self/fd/{fd}')}")
+            fdatasync(fd)
 
-    monkeypatch.setattr(os, "fdatasync", recorded)
-    checkpointer.set_trace_callback(
-        lambda sql: steps.append(sql) if "wal_checkpoint" in sql else None
-    )
-    limit = 64 * 1024
-    writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-    db._checkpoint(checkpointer, limit, database_fd)  # one page or two: under the limit
-    assert steps == ["PRAGMA wal_checkpoint(PASSIVE)"]
-    steps.clear()
-    for _ in range(20):  # past it
+        monkeypatch.setattr(os, "fdatasync", recorded)
+        checkpointer.set_trace_callback(
+            lambda sql: steps.append(sql) if "wal_checkpoint" in sql else None
+        )
+        limit = 64 * 1024
         writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-    db._checkpoint(checkpointer, limit, database_fd)
-    assert steps == [
-        "PRAGMA wal_checkpoint(PASSIVE)",
-        f"fdatasync {path.resolve()}",
-        "PRAGMA wal_checkpoint(RESTART)",
-    ]
-    for conn in (writer, checkpointer):
-        conn.close()
-    os.close(database_fd)
+        db._checkpoint(checkpointer, limit, database_fd)  # one page or two: under the limit
+        assert steps == ["PRAGMA wal_checkpoint(PASSIVE)"]
+        steps.clear()
+        for _ in range(20):  # past it
+            writer.execute("INSERT INTO t VALUES (randomblob(8000))")
+        db._checkpoint(checkpointer, limit, database_fd)
+        assert steps == [
+            "PRAGMA wal_checkpoint(PASSIVE)",
+            f"fdatasync {path.resolve()}",
+            "PRAGMA wal_checkpoint(RESTART)",
+        ]
 
 
 def test_a_failed_head_start_sync_leaves_the_checkpoint_to_restart(
@@ -734,24 +737,15 @@ def test_a_failed_head_start_sync_leaves_the_checkpoint_to_restart(
     """The checkpointer's own sync is only a head start: an OSError there (the daemon's
     checkpoint loop handles SQLite's errors, not others) must not end the loop; the RESTART
     still runs and the log starts over."""
-    path = tmp_path / "wal.db"
-    writer = db._connect(path, readonly=False)
-    writer.execute("PRAGMA journal_mode = WAL")
-    writer.execute("PRAGMA wal_autocheckpoint = 0")
-    writer.execute("CREATE TABLE t (x BLOB)")
-    checkpointer = db._connect(path, readonly=False)
-    database_fd = os.open(path, os.O_RDONLY)
+    with _wal_file(tmp_path) as (path, writer, checkpointer, database_fd):
 
-    def refused(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+        def refused(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(os, "fdatasync", refused)
-    for _ in range(20):
+        monkeypatch.setattr(os, "fdatasync", refused)
+        for _ in range(20):
+            writer.execute("INSERT INTO t VALUES (randomblob(8000))")
+        first = _log_starts(Path(f"{path}-wal"))
+        db._checkpoint(checkpointer, 64 * 1024, database_fd)  # no OSError out of it
         writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-    first = _log_starts(Path(f"{path}-wal"))
-    db._checkpoint(checkpointer, 64 * 1024, database_fd)  # no OSError out of it
-    writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-    assert _log_starts(Path(f"{path}-wal")) != first  # RESTART ran: the log started over
-    for conn in (writer, checkpointer):
-        conn.close()
-    os.close(database_fd)
+        assert _log_starts(Path(f"{path}-wal")) != first  # RESTART ran: the log started over
