@@ -397,7 +397,7 @@ def _checkpoint(conn: sqlite3.Connection, limit: int, database_fd: int) -> None:
     RESTART holds new writes back until it is done, and it ends by syncing the database file.
     SQLite syncs that file only in a round that reaches the log's end, so under steady writes
     the PASSIVE rounds before it leave everything they copied unsynced: on the generated store
-    about 100 MB, whose sync took 44-66 ms, every write waiting meanwhile. The checkpointer
+    about 100 MB, whose sync took 44-66 ms (traced by hand), every write waiting meanwhile. The checkpointer
     syncs the file first (through ``database_fd``, a descriptor of it kept open: see
     ``Store.database_fd``), holding no lock, and RESTART's own sync is left the few pages it
     copies itself (bench/HISTORY.md, the thirty-second session). Commits still share the disk
