@@ -236,6 +236,29 @@ def serve(path: str) -> None:
 # -- the daemon's side -----------------------------------------------------------------------
 
 
+@attrs.define(eq=False)
+class Flight:
+    """A batch sent to the child (``WriterProcess.send_nowait``) whose answer is still to come."""
+
+    process: trio.Process
+    sent: list[WriteRequest]  # the batch's requests that pickled, in the frame's order
+    rest: memoryview  # what of the frame is still to be written to the pipe
+    error: OSError | None = None  # writing it failed: the child is gone
+
+
+def _payloads(batch: list[WriteRequest]) -> tuple[list[WriteRequest], list[bytes]]:
+    """Each request pickled on its own: one that does not pickle fails alone (its error set)."""
+    sent, payload = [], []
+    for r in batch:
+        try:
+            payload.append(pickle.dumps((r.fn, r.args, r.mark), pickle.HIGHEST_PROTOCOL))
+        except Exception as exc:
+            r.error = StoreError(f"{_name(r.fn)} cannot be sent to the writer: {exc}")
+        else:
+            sent.append(r)
+    return sent, payload
+
+
 class WriterProcess:
     """The daemon's handle on its writer child: ``run`` one batch at a time (the store's
     write limiter sees to that)."""
@@ -340,24 +363,59 @@ class WriterProcess:
                 raise BrokenPipeError("the writer process stopped")
             self._buffer += chunk
 
+    def running(self) -> bool:
+        """Whether a child is up and no other is being started: ``send_nowait`` can send."""
+        process = self._process
+        return process is not None and not self._spawning.locked() and process.poll() is None
+
+    def send_nowait(self, batch: list[WriteRequest]) -> Flight:
+        """Send ``batch`` to the running child (``running()``) in this step, without yielding
+        to other tasks; ``finish`` then waits for its answer. Call it holding the writer, and
+        with no other batch in flight. Whatever of the frame the pipe did not take at once
+        (a batch past 64 KiB) ``finish`` sends first."""
+        assert self._process is not None
+        sent, payload = _payloads(batch)
+        flight = Flight(self._process, sent, memoryview(b""))
+        if sent:
+            assert isinstance(self._process.stdin, trio.lowlevel.FdStream)
+            frame = memoryview(_frame(payload))
+            try:
+                flight.rest = frame[os.write(self._process.stdin.fileno(), frame) :]
+            except BlockingIOError:
+                flight.rest = frame
+            except OSError as exc:  # (the child is gone: finish fails the batch for it)
+                flight.rest, flight.error = frame, exc
+        return flight
+
     async def run(self, batch: list[WriteRequest]) -> bool:
         """Run ``batch`` in the child; each request gets its result or error, its journal
         events and its signals. Not cancellable midway: call it shielded. False (and nothing
         done) if no child ever started here: the caller runs the batch itself."""
         if self.unavailable:
             return False
-        sent, payload = [], []
-        for r in batch:  # each on its own: one that does not pickle fails alone
-            try:
-                payload.append(pickle.dumps((r.fn, r.args, r.mark), pickle.HIGHEST_PROTOCOL))
-            except Exception as exc:
-                r.error = StoreError(f"{_name(r.fn)} cannot be sent to the writer: {exc}")
-            else:
-                sent.append(r)
+        sent, payload = _payloads(batch)
         if not sent:
             return True
         try:
-            return await self._run(batch, sent, payload)
+            try:
+                process = await self._ensure()
+            except OSError as exc:
+                if self.unavailable:
+                    for r in batch:
+                        r.error = None
+                    return False
+                await self._lost_batch(sent, exc)
+                return True
+            return await self._finish(Flight(process, sent, memoryview(_frame(payload))))
+        except BaseException as exc:
+            await self._lost(exc)
+            raise
+
+    async def finish(self, flight: Flight) -> bool:
+        """Send what ``send_nowait`` could not, wait for the child's answer and give each
+        request of ``flight`` its outcome. Not cancellable midway: call it shielded."""
+        try:
+            return await self._finish(flight)
         except BaseException as exc:
             # Unforeseen, after the batch may have been sent: the child may still be running it
             # and commit later, and its answer would put the pipe out of step. End it, so the
@@ -365,20 +423,16 @@ class WriterProcess:
             await self._lost(exc)
             raise
 
-    async def _run(
-        self, batch: list[WriteRequest], sent: list[WriteRequest], payload: list[bytes]
-    ) -> bool:
+    async def _finish(self, flight: Flight) -> bool:
+        sent = flight.sent
+        if not sent:
+            return True
         try:
-            try:
-                process = await self._ensure()
-            except OSError:
-                if self.unavailable:
-                    for r in batch:
-                        r.error = None
-                    return False
-                raise
-            await _send(process, _frame(payload))
-            reply = await self._receive(process)
+            if flight.error is not None:
+                raise flight.error
+            if flight.rest:
+                await _send(flight.process, flight.rest)
+            reply = await self._receive(flight.process)
             try:
                 outcomes: list[Any] = pickle.loads(reply)
                 if len(outcomes) != len(sent):
@@ -386,12 +440,7 @@ class WriterProcess:
             except Exception as exc:  # out of step: a new child starts on the next batch
                 raise BrokenPipeError(f"an answer that could not be read: {exc}") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            await self._lost(exc)
-            for r in sent:
-                r.error = ServiceUnavailable(
-                    "the store's writer stopped; the change may or may not have been made",
-                    code="writer_stopped",
-                )
+            await self._lost_batch(sent, exc)
             return True
         for r, (result, error, appended, wakes) in zip(sent, outcomes, strict=True):
             r.error, r.appended, r.wakes = error, appended, wakes
@@ -401,6 +450,14 @@ class WriterProcess:
                 except Exception as exc:  # committed, but its result cannot be built here
                     r.error = StoreError(f"the result of {_name(r.fn)} is unreadable: {exc}")
         return True
+
+    async def _lost_batch(self, sent: list[WriteRequest], exc: BaseException) -> None:
+        await self._lost(exc)
+        for r in sent:
+            r.error = ServiceUnavailable(
+                "the store's writer stopped; the change may or may not have been made",
+                code="writer_stopped",
+            )
 
     async def _lost(self, exc: BaseException) -> None:
         process, self._process = self._process, None
@@ -425,7 +482,7 @@ class WriterProcess:
             await _end(process)
 
 
-async def _send(process: trio.Process, frame: bytes) -> None:
+async def _send(process: trio.Process, frame: bytes | memoryview) -> None:
     """``frame`` down the child's stdin, written at once: trio's ``send_all`` would first yield
     to every other ready task (a checkpoint before the write), which under load is a few
     milliseconds with the child idle (bench/HISTORY.md, tenth session)."""
