@@ -369,6 +369,7 @@ async def _run(
         async with client, channel_client, trio.open_nursery() as nursery:
             if store.writer_process is not None:  # it imports while the rest starts
                 nursery.start_soon(store.writer_process.start)
+            nursery.start_soon(store.lead_batches)
 
             async def serve_api(
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,

@@ -45,12 +45,18 @@ def seed(tmp_path: Path) -> Seed:
     return seed_store(tmp_path / "data")
 
 
-@pytest.fixture
-async def store(seed: Seed) -> AsyncIterator[Store]:
+@pytest.fixture(params=["lead_batches", "leaders"])
+async def store(seed: Seed, request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """The store writing through its child, its batches taken by ``lead_batches`` as in the
+    daemon, or by the writes themselves (each test runs both ways)."""
     s = Store.open(seed.data_dir, readers=1)
     s.writer_process = WriterProcess(s.path)
     try:
-        yield s
+        async with trio.open_nursery() as nursery:
+            if request.param == "lead_batches":
+                nursery.start_soon(s.lead_batches)
+            yield s
+            nursery.cancel_scope.cancel()
     finally:
         await s.writer_process.aclose()
         s.close()
@@ -137,6 +143,156 @@ async def test_a_batch_and_an_answer_larger_than_the_pipe_go_through(store: Stor
     assert outcomes == {n: blob + blob for n, blob in enumerate(blobs)}
     assert sorted(d["n"] for d in committed(store)) == [300_000] * 3
     assert {d["pid"] for d in committed(store)} == {store.writer_process.pid}  # type: ignore[union-attr]
+
+
+@pytest.fixture
+async def led(seed: Seed) -> AsyncIterator[tuple[Store, trio.CancelScope]]:
+    """A store writing through its child with ``lead_batches`` running, its child started, and
+    the scope that stops ``lead_batches``."""
+    s = Store.open(seed.data_dir, readers=1)
+    s.writer_process = WriterProcess(s.path)
+    try:
+        await s.writer_process.start()
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+
+            async def lead() -> None:
+                with scope:
+                    await s.lead_batches()
+
+            nursery.start_soon(lead)
+            await trio.testing.wait_all_tasks_blocked()
+            yield s, scope
+            scope.cancel()
+    finally:
+        await s.writer_process.aclose()
+        s.close()
+
+
+async def slow_then_queued(
+    store: Store, queued: int, seen: list[str]
+) -> tuple[int, dict[int, object]]:
+    """One slow write sent alone, then ``queued`` quick ones while it runs in the child; each
+    write's outcome, and the slow one's return noted in ``seen``."""
+    outcomes: dict[int, object] = {}
+
+    async def slow() -> None:
+        await store.write(helpers.sleep_then_record, 0.3)
+        seen.append("the slow write returned")
+
+    async def quick(n: int) -> None:
+        outcomes[n] = await store.write(helpers.record_pid, n)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow)
+        await trio.testing.wait_all_tasks_blocked()  # its batch is in the child
+        for n in range(queued):
+            nursery.start_soon(quick, n)
+    return store.batches, outcomes
+
+
+async def test_lead_batches_sends_the_next_batch_in_the_step_the_last_one_ended(
+    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writes queued while a batch runs go to the child together, and at once: before any
+    write of the batch that just ended has even resumed (no round of other tasks between)."""
+    store, _ = led
+    assert store.writer_process is not None
+    seen: list[str] = []
+    send = store.writer_process.send_nowait
+
+    def noting(batch: list[db.WriteRequest]) -> writer.Flight:
+        seen.append(f"sent {len(batch)}")
+        return send(batch)
+
+    monkeypatch.setattr(store.writer_process, "send_nowait", noting)
+    before = store.batches
+    batches, outcomes = await slow_then_queued(store, 5, seen)
+    assert seen == ["sent 1", "sent 5", "the slow write returned"]
+    assert batches - before == 2
+    assert outcomes == {n: store.writer_process.pid for n in range(5)}
+    assert sorted(d["n"] for d in committed(store)) == [-1, 0, 1, 2, 3, 4]
+
+
+async def test_a_queued_write_cancelled_before_its_batch_is_never_made(
+    led: tuple[Store, trio.CancelScope],
+) -> None:
+    store, _ = led
+    scope = trio.CancelScope()
+    made: list[int] = []
+
+    async def write(n: int, cancel_scope: trio.CancelScope) -> None:
+        with cancel_scope:
+            made.append(await store.write(helpers.record_pid, n))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
+        await trio.testing.wait_all_tasks_blocked()  # in the child
+        nursery.start_soon(write, 1, scope)
+        nursery.start_soon(write, 2, trio.CancelScope())
+        await trio.testing.wait_all_tasks_blocked()  # both queued behind it
+        scope.cancel()
+    assert len(made) == 1
+    assert sorted(d["n"] for d in committed(store)) == [-1, 2]
+
+
+async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
+    led: tuple[Store, trio.CancelScope],
+) -> None:
+    """Cancelled (the daemon stopping) with a batch in the child and writes queued behind it:
+    the batch lands and the queued writes run in one last batch, shielded; later writes lead
+    their own."""
+    store, scope = led
+    outcomes: dict[int, object] = {}
+
+    async def quick(n: int) -> None:
+        outcomes[n] = await store.write(helpers.record_pid, n)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
+        await trio.testing.wait_all_tasks_blocked()
+        for n in range(3):
+            nursery.start_soon(quick, n)
+        await trio.testing.wait_all_tasks_blocked()
+        before = store.batches
+        scope.cancel()
+    assert store.batches - before == 1  # the three together
+    assert sorted(outcomes) == [0, 1, 2]
+    assert not store._leading
+    assert await store.write(helpers.record_pid, 3) == store.writer_process.pid  # type: ignore[union-attr]
+    assert sorted(d["n"] for d in committed(store)) == [-1, 0, 1, 2, 3]
+
+
+async def test_lead_batches_stopping_while_the_writer_is_held_runs_the_writes_queued(
+    led: tuple[Store, trio.CancelScope],
+) -> None:
+    """Cancelled while it waits for the writer (the checkpointer has it): the writes queued
+    still run, once it is free, in one batch."""
+    store, scope = led
+    outcomes: dict[int, object] = {}
+    release = trio.Event()
+
+    async def hold(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with store._write_limiter:
+            task_status.started()
+            await release.wait()
+
+    async def quick(n: int) -> None:
+        outcomes[n] = await store.write(helpers.record_pid, n)
+
+    with trio.fail_after(10):  # (writes that nobody runs fail here rather than hang)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold)
+            for n in range(3):
+                nursery.start_soon(quick, n)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not outcomes
+            before = store.batches
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+    assert store.batches - before == 1
+    assert outcomes == {n: store.writer_process.pid for n in range(3)}  # type: ignore[union-attr]
 
 
 def exited(pid: int) -> bool:

@@ -5,8 +5,9 @@ tested without trio and called from the CLI. The daemon runs them off the trio l
 
 - ``await store.write(fn, ...)`` runs ``fn`` on the single writer connection inside
   ``BEGIN IMMEDIATE ... COMMIT``, one batch at a time (a ``CapacityLimiter(1)``; writes that wait
-  share the next transaction). A state change, its SYSTEM message and its journal event are one
-  call, so they commit together or not at all. In the daemon the batches run in the writer
+  share the next transaction; in the daemon ``Store.lead_batches`` runs every batch, elsewhere
+  the first write waiting leads it). A state change, its SYSTEM message and its journal event
+  are one call, so they commit together or not at all. In the daemon the batches run in the writer
   process (``Store.writer_process``, store/writer.py), on a connection of its own: the trio
   thread only sends them and reads back the outcomes. Without it (MockClock tests, or no child
   could start), the writes run on the trio thread within the same budget as reads and only the
@@ -63,7 +64,7 @@ import trio
 from inboxd.errors import ServiceUnavailable, StorageUnavailable, StoreError
 from inboxd.store.accounts import live_args
 from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, REDONE_BY, SLOW_MIGRATIONS
-from inboxd.store.writer import WriterProcess
+from inboxd.store.writer import Flight, WriterProcess
 
 log = logging.getLogger("inboxd.store")
 
@@ -826,6 +827,15 @@ class Store:
         self._pending: list[WriteRequest] = []  # writes no batch has taken yet
         self._next_leader = False  # a pending write is queued for the writer
         self._leader_changed = trio.Event()  # set (and replaced) when that place frees up
+        # While ``lead_batches`` runs (the daemon's): it takes every batch, and writes only
+        # queue and wait for their batch's end (``_next_ended``, the Event the next batch sets).
+        self._leading = False
+        self._work = trio.Event()  # set when a write queues for lead_batches
+        self._next_ended = trio.Event()
+        # The batch sent to the writer process whose answer lead_batches waits for (it holds
+        # the writer on behalf of _flight_token until then).
+        self._flight: tuple[list[WriteRequest], trio.Event, Flight] | None = None
+        self._flight_token = object()
         self.batches = 0  # transactions committed by write(): each holds one or more writes
         # Where write batches run when set (the daemon's): a child process (store/writer.py).
         self.writer_process: WriterProcess | None = None
@@ -1004,6 +1014,8 @@ class Store:
             IDEMPOTENT_WRITE.set(None)  # the request's one change; later writes are bookkeeping
         request = WriteRequest(fn, args, mark)
         self._pending.append(request)
+        if self._leading:
+            return await self._queued(request)  # type: ignore[no-any-return]
         try:
             # One waiting write at a time queues for the writer: the next batch's leader. The
             # others wait until a leader takes them into its batch (or gives up its place).
@@ -1025,19 +1037,116 @@ class Store:
                 self._pending.remove(request)  # never ran, and never will
             raise
         try:
-            await self._lead()
+            if request.ended is None:  # (else lead_batches took it as it stopped)
+                await self._lead(*self._take())
         finally:
             self._write_limiter.release()
         return request.outcome(self.storage)  # type: ignore[no-any-return]
 
-    async def _lead(self) -> None:
-        """Holding the writer: take every pending write (the leader's own among them) into one
-        batch, run and commit it, tell the journal's listeners, then wake the batch's writes."""
+    async def _queued(self, request: WriteRequest) -> Any:
+        """``write`` while ``lead_batches`` runs: wait for the batch that takes ``request`` to
+        end. (Sending it here when the writer is idle, rather than leaving every send to
+        ``lead_batches``, made batches of one or two and cost a tenth of the writes' speed:
+        bench/HISTORY.md, thirty-third session.)"""
+        ended = self._next_ended  # (the next batch taken takes every write pending)
+        self._work.set()
+        try:
+            await ended.wait()
+        except BaseException:
+            if request.ended is None:
+                self._pending.remove(request)  # never ran, and never will
+            raise
+        return request.outcome(self.storage)
+
+    def _send_now(self) -> None:
+        """``lead_batches``: send the pending writes to the writer process in this step, if a
+        child is running, no batch is in flight and the writer is free (not the checkpointer's
+        for the moment). ``_land`` then waits for their answer."""
+        process = self.writer_process
+        if (
+            self._flight is not None
+            or not self._pending
+            or process is None
+            or self._write_limiter.available_tokens < 1  # (a batch or the checkpointer has it)
+            or not process.running()
+        ):
+            return
+        self._write_limiter.acquire_on_behalf_of_nowait(self._flight_token)
+        batch, ended = self._take()
+        try:
+            self._flight = (batch, ended, process.send_nowait(batch))
+        except BaseException as exc:  # (not foreseen: nothing was sent)
+            self._write_limiter.release_on_behalf_of(self._flight_token)
+            for r in batch:
+                r.error = exc if isinstance(exc, Exception) else StoreError(repr(exc))
+            ended.set()
+            raise
+
+    async def _land(self) -> None:
+        """Wait for the batch in flight to end, holding the writer for it until then."""
+        assert self._flight is not None
+        try:
+            await self._lead(*self._flight)
+        finally:
+            self._flight = None
+            self._write_limiter.release_on_behalf_of(self._flight_token)
+
+    async def lead_batches(self) -> None:
+        """Run every batch of writes, one after the other, until cancelled (the daemon runs
+        this beside its other tasks). A write then only queues and waits for its batch to end;
+        none leads its own. Each batch takes every write queued while the one before it ran.
+
+        Why: with writes leading their own batches, the next leader was woken in the same
+        round as the writes the last batch answered, and trio runs a round's tasks in either
+        order, so the next batch often waited for all of them to answer (the writer process
+        idle meanwhile) before it was sent; and every write waiting behind a leader was woken
+        once more each time the place changed hands. Here the writes queued are sent to the
+        writer process in the step in which the last batch ended.
+
+        Once cancelled, the batch in flight lands and the writes still pending run in one last
+        batch (shielded, like every batch); later writes lead their own again."""
+        self._leading = True
+        try:
+            while True:
+                # (Right after the last batch ended, in the same step: nothing yields between.)
+                self._send_now()
+                if self._flight is not None:
+                    await self._land()
+                elif self._pending:  # not sent at once: no child running yet (or again), say
+                    await self._write_limiter.acquire_on_behalf_of(self._flight_token)
+                    try:
+                        await self._lead(*self._take())
+                    finally:
+                        self._write_limiter.release_on_behalf_of(self._flight_token)
+                else:
+                    self._work = trio.Event()
+                    await self._work.wait()
+        finally:
+            self._leading = False
+            with trio.CancelScope(shield=True):
+                if self._flight is not None:
+                    await self._land()
+                if self._pending:
+                    async with self._write_limiter:
+                        await self._lead(*self._take())
+            self._leader_changed.set()  # (writes that waited for a leader look again)
+            self._leader_changed = trio.Event()
+
+    def _take(self) -> tuple[list[WriteRequest], trio.Event]:
+        """Every pending write, as the next batch, and the Event that batch sets when it ends."""
         batch, self._pending = self._pending, []
-        ended = trio.Event()
+        ended, self._next_ended = self._next_ended, trio.Event()
         for r in batch:
             r.ended = ended
         self.batches += 1
+        return batch, ended
+
+    async def _lead(
+        self, batch: list[WriteRequest], ended: trio.Event, flight: Flight | None = None
+    ) -> None:
+        """Holding the writer: run and commit ``batch`` (or with ``flight``, wait for the writer
+        process to, the batch sent already), tell the journal's listeners, then wake the
+        batch's writes."""
         # True while the writer process may have committed a batch whose answer never came
         # back here (run raised midway; it then ended the child, so the journal is final):
         # its events must be read from the journal.
@@ -1050,7 +1159,12 @@ class Store:
                 # every later write fails on.
                 with trio.CancelScope(shield=True):
                     ran = False
-                    if self.writer_process is not None:
+                    if flight is not None:
+                        assert self.writer_process is not None
+                        fate_unknown = True
+                        ran = await self.writer_process.finish(flight)
+                        fate_unknown = False
+                    elif self.writer_process is not None:
                         fate_unknown = True
                         ran = await self.writer_process.run(batch)
                         fate_unknown = False
