@@ -260,8 +260,8 @@ def _payloads(batch: list[WriteRequest]) -> tuple[list[WriteRequest], list[bytes
 
 
 class WriterProcess:
-    """The daemon's handle on its writer child: ``run`` one batch at a time (the store's
-    write limiter sees to that)."""
+    """The daemon's handle on its writer child: one batch at a time (the store's write
+    limiter sees to that), by ``run``, or sent by ``send_nowait`` and landed by ``finish``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
