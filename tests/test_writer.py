@@ -55,6 +55,7 @@ async def store(seed: Seed, request: pytest.FixtureRequest) -> AsyncIterator[Sto
         async with trio.open_nursery() as nursery:
             if request.param == "lead_batches":
                 nursery.start_soon(s.lead_batches)
+                await trio.testing.wait_all_tasks_blocked()  # (it runs before the first write)
             yield s
             nursery.cancel_scope.cancel()
     finally:
@@ -177,7 +178,7 @@ async def slow_then_queued(
     outcomes: dict[int, object] = {}
 
     async def slow() -> None:
-        await store.write(helpers.sleep_then_record, 0.3)
+        await store.write(helpers.sleep_then_record, 0.1)
         seen.append("the slow write returned")
 
     async def quick(n: int) -> None:
@@ -206,12 +207,16 @@ async def test_lead_batches_sends_the_next_batch_in_the_step_the_last_one_ended(
         return send(batch)
 
     monkeypatch.setattr(store.writer_process, "send_nowait", noting)
-    before = store.batches
-    batches, outcomes = await slow_then_queued(store, 5, seen)
-    assert seen == ["sent 1", "sent 5", "the slow write returned"]
-    assert batches - before == 2
-    assert outcomes == {n: store.writer_process.pid for n in range(5)}
-    assert sorted(d["n"] for d in committed(store)) == [-1, 0, 1, 2, 3, 4]
+    # Five times: with a yield before the send, trio would run the slow write's task first
+    # in about half of them (it runs a round's tasks in either order).
+    for _ in range(5):
+        seen.clear()
+        before = store.batches
+        batches, outcomes = await slow_then_queued(store, 5, seen)
+        assert seen == ["sent 1", "sent 5", "the slow write returned"]
+        assert batches - before == 2
+        assert outcomes == {n: store.writer_process.pid for n in range(5)}
+    assert sorted(d["n"] for d in committed(store)) == sorted([-1, 0, 1, 2, 3, 4] * 5)
 
 
 async def test_a_queued_write_cancelled_before_its_batch_is_never_made(
@@ -240,23 +245,32 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
     led: tuple[Store, trio.CancelScope],
 ) -> None:
     """Cancelled (the daemon stopping) with a batch in the child and writes queued behind it:
-    the batch lands and the queued writes run in one last batch, shielded; later writes lead
-    their own."""
+    the batch lands, and the queued writes run in one last batch as lead_batches ends; later
+    writes lead their own."""
     store, scope = led
     outcomes: dict[int, object] = {}
+    sent = store.writer_process.send_nowait  # type: ignore[union-attr]
+    sends: list[int] = []
+
+    def noting(batch: list[db.WriteRequest]) -> writer.Flight:
+        sends.append(len(batch))
+        return sent(batch)
 
     async def quick(n: int) -> None:
         outcomes[n] = await store.write(helpers.record_pid, n)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
-        await trio.testing.wait_all_tasks_blocked()
-        for n in range(3):
-            nursery.start_soon(quick, n)
-        await trio.testing.wait_all_tasks_blocked()
-        before = store.batches
-        scope.cancel()
-    assert store.batches - before == 1  # the three together
+    store.writer_process.send_nowait = noting  # type: ignore[method-assign,union-attr]
+    with trio.fail_after(10):  # (writes that nobody runs fail here rather than hang)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
+            await trio.testing.wait_all_tasks_blocked()
+            for n in range(3):
+                nursery.start_soon(quick, n)
+            await trio.testing.wait_all_tasks_blocked()
+            before = store.batches
+            scope.cancel()
+    assert sends == [1]  # the three did not go as a batch of the loop's...
+    assert store.batches - before == 1  # ...but together, in the last one
     assert sorted(outcomes) == [0, 1, 2]
     assert not store._leading
     assert await store.write(helpers.record_pid, 3) == store.writer_process.pid  # type: ignore[union-attr]
@@ -293,6 +307,58 @@ async def test_lead_batches_stopping_while_the_writer_is_held_runs_the_writes_qu
             release.set()
     assert store.batches - before == 1
     assert outcomes == {n: store.writer_process.pid for n in range(3)}  # type: ignore[union-attr]
+
+
+async def test_a_batch_larger_than_the_pipe_goes_through_sent_at_once(
+    led: tuple[Store, trio.CancelScope],
+) -> None:
+    """``send_nowait`` writes what the pipe takes in the step; ``finish`` the rest."""
+    store, _ = led
+    blob = b"x" * 300_000
+    assert await store.write(helpers.echo_large, blob) == blob + blob
+
+
+async def test_a_batch_sent_to_a_writer_already_gone_fails_with_503_and_the_next_starts_one(
+    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child died and is not reaped yet when a batch is sent to it: the pipe refuses the
+    batch, which fails with 503 ``writer_stopped``; the next batch starts a new child."""
+    store, _ = led
+    process = store.writer_process
+    assert process is not None and process.pid is not None
+    first = process.pid
+    os.kill(first, signal.SIGKILL)
+    with trio.fail_after(10):
+        while not exited(first):  # noqa: ASYNC110 (polling another process)
+            await trio.sleep(0.01)
+    monkeypatch.setattr(process, "running", lambda: True)  # (as if not seen to exit yet)
+    with pytest.raises(ServiceUnavailable) as exc:
+        await store.write(helpers.record_pid, 1)
+    assert exc.value.code == "writer_stopped"
+    monkeypatch.undo()
+    assert await store.write(helpers.record_pid, 2) not in (first, None)
+    assert process.started == 2
+    assert [d["n"] for d in committed(store)] == [2]
+
+
+async def test_a_journal_listener_that_raises_leaves_lead_batches_running(
+    led: tuple[Store, trio.CancelScope], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error after the writes (a listener's) is logged; the writes have their results and
+    the next batch runs."""
+    store, _ = led
+
+    def fails(appended: list[Appended]) -> None:
+        raise RuntimeError("a listener's bug")
+
+    store.add_journal_listener(fails)
+    with caplog.at_level(logging.ERROR, logger="inboxd.store"):
+        assert await store.write(helpers.record_pid, 1) == store.writer_process.pid  # type: ignore[union-attr]
+    assert "a batch of writes failed past its writes" in caplog.text
+    store._journal_listeners.remove(fails)
+    assert store._leading
+    assert await store.write(helpers.record_pid, 2) == store.writer_process.pid  # type: ignore[union-attr]
+    assert [d["n"] for d in committed(store)] == [1, 2]
 
 
 def exited(pid: int) -> bool:

@@ -1037,7 +1037,7 @@ class Store:
                 self._pending.remove(request)  # never ran, and never will
             raise
         try:
-            if request.ended is None:  # (else lead_batches took it as it stopped)
+            if request.ended is None:  # (else lead_batches took it, as it started or stopped)
                 await self._lead(*self._take())
         finally:
             self._write_limiter.release()
@@ -1103,34 +1103,49 @@ class Store:
         once more each time the place changed hands. Here the writes queued are sent to the
         writer process in the step in which the last batch ended.
 
-        Once cancelled, the batch in flight lands and the writes still pending run in one last
-        batch (shielded, like every batch); later writes lead their own again."""
+        An error past the writes' own (a journal listener's, say) is logged, and the next batch
+        runs: each write of the batch has its outcome by then, and the daemon goes on.
+
+        Once cancelled (between batches: one under way lands first), the writes still pending
+        run in one last batch, shielded like every batch; later writes lead their own again."""
         self._leading = True
         try:
             while True:
-                # (Right after the last batch ended, in the same step: nothing yields between.)
-                self._send_now()
-                if self._flight is not None:
-                    await self._land()
-                elif self._pending:  # not sent at once: no child running yet (or again), say
-                    await self._write_limiter.acquire_on_behalf_of(self._flight_token)
-                    try:
-                        await self._lead(*self._take())
-                    finally:
-                        self._write_limiter.release_on_behalf_of(self._flight_token)
-                else:
-                    self._work = trio.Event()
-                    await self._work.wait()
+                # No yield unless cancelled: right after the last batch ended, in the same step.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    await self._run_next()
+                except Exception:
+                    log.exception("a batch of writes failed past its writes")
         finally:
             self._leading = False
             with trio.CancelScope(shield=True):
-                if self._flight is not None:
+                if self._flight is not None:  # (not after _run_next: it lands it, shielded)
                     await self._land()
                 if self._pending:
                     async with self._write_limiter:
-                        await self._lead(*self._take())
+                        if self._pending:  # (its writes may have been cancelled meanwhile)
+                            await self._lead(*self._take())
             self._leader_changed.set()  # (writes that waited for a leader look again)
             self._leader_changed = trio.Event()
+
+    async def _run_next(self) -> None:
+        """``lead_batches``'s one step: send the writes pending and land them, or run them
+        another way (no child running yet, or again; the checkpointer has the writer), or wait
+        for a write."""
+        self._send_now()
+        if self._flight is not None:
+            await self._land()
+        elif self._pending:
+            await self._write_limiter.acquire_on_behalf_of(self._flight_token)
+            try:
+                if self._pending:  # (its writes may have been cancelled meanwhile)
+                    await self._lead(*self._take())
+            finally:
+                self._write_limiter.release_on_behalf_of(self._flight_token)
+        else:
+            self._work = trio.Event()
+            await self._work.wait()
 
     def _take(self) -> tuple[list[WriteRequest], trio.Event]:
         """Every pending write, as the next batch, and the Event that batch sets when it ends."""
@@ -1148,7 +1163,8 @@ class Store:
         process to, the batch sent already), tell the journal's listeners, then wake the
         batch's writes."""
         # True while the writer process may have committed a batch whose answer never came
-        # back here (run raised midway; it then ended the child, so the journal is final):
+        # back here (run or finish raised midway; it then ended the child, so the journal is
+        # final):
         # its events must be read from the journal.
         fate_unknown = False
         try:
@@ -1203,7 +1219,8 @@ class Store:
             ended.set()  # in one go: each write of the batch returns its own outcome
 
     async def _catch_up_listeners(self) -> None:
-        """The writer process was lost during a batch (or ``run`` failed after sending it):
+        """The writer process was lost during a batch (or ``run`` or ``finish`` failed after
+        sending it):
         whether it committed is unknown here, and if it did, its events and wakes never came
         back. Tell the listeners of every journal event after the last one they heard of, in
         order (still holding the writer, so nothing newer commits meanwhile), and bump every
