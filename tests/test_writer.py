@@ -242,7 +242,7 @@ async def test_a_queued_write_cancelled_before_its_batch_is_never_made(
 
 
 async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
-    led: tuple[Store, trio.CancelScope],
+    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cancelled (the daemon stopping) with a batch in the child and writes queued behind it:
     the batch lands, and the queued writes run in one last batch as lead_batches ends; later
@@ -259,7 +259,7 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
     async def quick(n: int) -> None:
         outcomes[n] = await store.write(helpers.record_pid, n)
 
-    store.writer_process.send_nowait = noting  # type: ignore[method-assign,union-attr]
+    monkeypatch.setattr(store.writer_process, "send_nowait", noting)
     with trio.fail_after(10):  # (writes that nobody runs fail here rather than hang)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
@@ -310,12 +310,23 @@ async def test_lead_batches_stopping_while_the_writer_is_held_runs_the_writes_qu
 
 
 async def test_a_batch_larger_than_the_pipe_goes_through_sent_at_once(
-    led: tuple[Store, trio.CancelScope],
+    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``send_nowait`` writes what the pipe takes in the step; ``finish`` the rest."""
     store, _ = led
+    assert store.writer_process is not None
+    send = store.writer_process.send_nowait
+    left: list[int] = []
+
+    def noting(batch: list[db.WriteRequest]) -> writer.Flight:
+        flight = send(batch)
+        left.append(len(flight.rest))
+        return flight
+
+    monkeypatch.setattr(store.writer_process, "send_nowait", noting)
     blob = b"x" * 300_000
     assert await store.write(helpers.echo_large, blob) == blob + blob
+    assert len(left) == 1 and 0 < left[0] < 300_000  # the pipe took part of it at once
 
 
 async def test_a_batch_sent_to_a_writer_already_gone_fails_with_503_and_the_next_starts_one(

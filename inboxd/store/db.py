@@ -1119,9 +1119,7 @@ class Store:
                     log.exception("a batch of writes failed past its writes")
         finally:
             self._leading = False
-            with trio.CancelScope(shield=True):
-                if self._flight is not None:  # (not after _run_next: it lands it, shielded)
-                    await self._land()
+            with trio.CancelScope(shield=True):  # (no batch is in flight: _land ends it)
                 if self._pending:
                     async with self._write_limiter:
                         if self._pending:  # (its writes may have been cancelled meanwhile)
