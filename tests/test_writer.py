@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -217,6 +218,56 @@ async def test_lead_batches_sends_the_next_batch_in_the_step_the_last_one_ended(
         assert batches - before == 2
         assert outcomes == {n: store.writer_process.pid for n in range(5)}
     assert sorted(d["n"] for d in committed(store)) == sorted([-1, 0, 1, 2, 3, 4] * 5)
+
+
+@pytest.mark.parametrize(
+    ("queued", "batches"),
+    [(10, [10]), (16, [16]), (20, [16, 4]), (33, [17, 16]), (40, [20, 16, 4])],
+)
+async def test_many_writes_queued_go_to_the_child_half_at_a_time_one_batch_after_the_other(
+    led: tuple[Store, trio.CancelScope],
+    monkeypatch: pytest.MonkeyPatch,
+    queued: int,
+    batches: list[int],
+) -> None:
+    """Past ``BATCH_FLOOR`` writes queued, a batch takes the first half of them (in the order
+    they queued), and the rest go as the next batch (by the same rule) the moment it ends; each
+    write is woken once, by the end of its own batch, with its own outcome."""
+    assert db.BATCH_FLOOR == 16  # (the cases assume it)
+    store, _ = led
+    assert store.writer_process is not None
+    seen: list[str] = []
+    send = store.writer_process.send_nowait
+
+    def noting(batch: list[db.WriteRequest]) -> writer.Flight:
+        seen.append(f"sent {[r.args[0] for r in batch]}")
+        return send(batch)
+
+    monkeypatch.setattr(store.writer_process, "send_nowait", noting)
+    before = store.batches
+    outcomes: dict[int, object] = {}
+    order: list[int] = []  # as they queued (trio starts the tasks in either order)
+    returned: list[int] = []
+
+    async def quick(n: int) -> None:
+        order.append(n)  # (write queues it before it first yields)
+        outcomes[n] = await store.write(helpers.record_pid, n)
+        returned.append(n)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.write, helpers.sleep_then_record, 0.1)
+        await trio.testing.wait_all_tasks_blocked()  # its batch is in the child
+        for n in range(queued):
+            nursery.start_soon(quick, n)
+    ends = list(itertools.accumulate(batches))
+    bounds = list(zip([0, *ends], ends, strict=False))  # each batch's slice of ``order``
+    halves = [order[a:b] for a, b in bounds]
+    assert seen == ["sent [0.1]", *(f"sent {half}" for half in halves)]
+    assert store.batches - before == 1 + len(batches)
+    assert outcomes == {n: store.writer_process.pid for n in range(queued)}
+    # A batch's writes all return before any write of the batch after it.
+    assert [sorted(returned[a:b]) for a, b in bounds] == [sorted(half) for half in halves]
+    assert sorted(d["n"] for d in committed(store)) == [-1, *range(queued)]
 
 
 async def test_a_queued_write_cancelled_before_its_batch_is_never_made(

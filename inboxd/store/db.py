@@ -66,6 +66,22 @@ from inboxd.store.accounts import live_args
 from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, REDONE_BY, SLOW_MIGRATIONS
 from inboxd.store.writer import Flight, WriterProcess
 
+# ``lead_batches`` sends at most this many writes, or half of those queued if more, as one
+# batch; the rest go as the next batch the moment it ends. Why: the 32 connections of a
+# benchmark's write row fell into step (trio runs every request through the same stages in the
+# same rounds), so each batch took nearly all of them; the serving thread then had nothing to do
+# until it committed (asleep ~20 % of the time) and the writer nothing while the thread answered
+# them and parsed the next ones. In two halves, one half is committed while the other is
+# answered: writes 1.19-1.30x as fast on the 10M-message store (bench/HISTORY.md, thirty-fourth
+# session). The floor keeps small batches whole: each costs the writer a COMMIT and an fsync.
+BATCH_FLOOR: Final = 16
+
+
+def batch_limit(pending: int) -> int:
+    """How many of ``pending`` queued writes ``lead_batches`` sends as the next batch."""
+    return max(BATCH_FLOOR, (pending + 1) // 2)
+
+
 log = logging.getLogger("inboxd.store")
 
 T = TypeVar("T")
@@ -589,6 +605,9 @@ class WriteRequest:
     # The Event of the batch that took it (it will run, or has run), set once that batch has
     # committed or failed; None while no batch has taken it.
     ended: trio.Event | None = None
+    # Set with ``ended`` (while ``lead_batches`` runs, each write waits on its own: a batch
+    # need not take every write pending).
+    done: trio.Event | None = None
 
     def outcome(self, alarm: StorageAlarm) -> Any:
         if self.error is not None:
@@ -828,10 +847,9 @@ class Store:
         self._next_leader = False  # a pending write is queued for the writer
         self._leader_changed = trio.Event()  # set (and replaced) when that place frees up
         # While ``lead_batches`` runs (the daemon's): it takes every batch, and writes only
-        # queue and wait for their batch's end (``_next_ended``, the Event the next batch sets).
+        # queue and wait for their batch's end (each on its own ``done``).
         self._leading = False
         self._work = trio.Event()  # set when a write queues for lead_batches
-        self._next_ended = trio.Event()
         # The batch sent to the writer process whose answer lead_batches waits for (it holds
         # the writer on behalf of _flight_token until then).
         self._flight: tuple[list[WriteRequest], trio.Event, Flight] | None = None
@@ -1048,10 +1066,10 @@ class Store:
         end. (Sending it here when the writer is idle, rather than leaving every send to
         ``lead_batches``, made batches of one or two and cost a tenth of the writes' speed:
         bench/HISTORY.md, thirty-third session.)"""
-        ended = self._next_ended  # (the next batch taken takes every write pending)
+        request.done = done = trio.Event()
         self._work.set()
         try:
-            await ended.wait()
+            await done.wait()
         except BaseException:
             if request.ended is None:
                 self._pending.remove(request)  # never ran, and never will
@@ -1072,7 +1090,7 @@ class Store:
         ):
             return
         self._write_limiter.acquire_on_behalf_of_nowait(self._flight_token)
-        batch, ended = self._take()
+        batch, ended = self._take(batch_limit(len(self._pending)))
         try:
             self._flight = (batch, ended, process.send_nowait(batch))
         except BaseException as exc:  # (not foreseen: nothing was sent)
@@ -1094,7 +1112,8 @@ class Store:
     async def lead_batches(self) -> None:
         """Run every batch of writes, one after the other, until cancelled (the daemon runs
         this beside its other tasks). A write then only queues and waits for its batch to end;
-        none leads its own. Each batch takes every write queued while the one before it ran.
+        none leads its own. Each batch takes the writes queued while the one before it ran, up
+        to ``batch_limit`` of them (half, past ``BATCH_FLOOR``) in the order they queued.
 
         Why: with writes leading their own batches, the next leader was woken in the same
         round as the writes the last batch answered, and trio runs a round's tasks in either
@@ -1145,10 +1164,14 @@ class Store:
             self._work = trio.Event()
             await self._work.wait()
 
-    def _take(self) -> tuple[list[WriteRequest], trio.Event]:
-        """Every pending write, as the next batch, and the Event that batch sets when it ends."""
-        batch, self._pending = self._pending, []
-        ended, self._next_ended = self._next_ended, trio.Event()
+    def _take(self, limit: int | None = None) -> tuple[list[WriteRequest], trio.Event]:
+        """The pending writes (the first ``limit`` of them), as the next batch, and the Event
+        that batch sets when it ends."""
+        if limit is None or limit >= len(self._pending):
+            batch, self._pending = self._pending, []
+        else:
+            batch, self._pending = self._pending[:limit], self._pending[limit:]
+        ended = trio.Event()
         for r in batch:
             r.ended = ended
         self.batches += 1
@@ -1215,6 +1238,9 @@ class Store:
                     await self._catch_up_listeners()
         finally:
             ended.set()  # in one go: each write of the batch returns its own outcome
+            for r in batch:
+                if r.done is not None:
+                    r.done.set()
 
     async def _catch_up_listeners(self) -> None:
         """The writer process was lost during a batch (or ``run`` or ``finish`` failed after
