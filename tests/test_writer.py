@@ -360,6 +360,49 @@ async def test_lead_batches_stopping_while_the_writer_is_held_runs_the_writes_qu
     assert outcomes == {n: store.writer_process.pid for n in range(3)}  # type: ignore[union-attr]
 
 
+async def test_writes_queued_while_the_writer_is_held_go_half_at_a_time_once_it_is_free(
+    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same limit once the checkpointer gives the writer back (lead_batches' other path):
+    20 writes queued meanwhile go as 16, then 4."""
+    store, _ = led
+    assert store.writer_process is not None
+    sizes: list[int] = []
+    run, send = store.writer_process.run, store.writer_process.send_nowait
+
+    async def noting_run(batch: list[db.WriteRequest]) -> bool:
+        sizes.append(len(batch))
+        return await run(batch)
+
+    def noting_send(batch: list[db.WriteRequest]) -> writer.Flight:
+        sizes.append(len(batch))
+        return send(batch)
+
+    monkeypatch.setattr(store.writer_process, "run", noting_run)
+    monkeypatch.setattr(store.writer_process, "send_nowait", noting_send)
+    outcomes: dict[int, object] = {}
+    release = trio.Event()
+
+    async def hold(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with store._write_limiter:
+            task_status.started()
+            await release.wait()
+
+    async def quick(n: int) -> None:
+        outcomes[n] = await store.write(helpers.record_pid, n)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold)
+            for n in range(20):
+                nursery.start_soon(quick, n)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not outcomes
+            release.set()
+    assert sizes == [16, 4]
+    assert outcomes == {n: store.writer_process.pid for n in range(20)}
+
+
 async def test_a_batch_larger_than_the_pipe_goes_through_sent_at_once(
     led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
 ) -> None:

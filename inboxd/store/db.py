@@ -1157,7 +1157,7 @@ class Store:
             await self._write_limiter.acquire_on_behalf_of(self._flight_token)
             try:
                 if self._pending:  # (its writes may have been cancelled meanwhile)
-                    await self._lead(*self._take())
+                    await self._lead(*self._take(batch_limit(len(self._pending))))
             finally:
                 self._write_limiter.release_on_behalf_of(self._flight_token)
         else:
