@@ -66,14 +66,15 @@ from inboxd.store.accounts import live_args
 from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, REDONE_BY, SLOW_MIGRATIONS
 from inboxd.store.writer import Flight, WriterProcess
 
-# ``lead_batches`` sends at most this many writes, or half of those queued if more, as one
-# batch; the rest go as the next batch the moment it ends. Why: the 32 connections of a
+# ``lead_batches`` sends the writes queued as one batch, but no more than this many or half of
+# them, whichever is more; the rest go as the next batch the moment it ends. Why: the 32 connections of a
 # benchmark's write row fell into step (trio runs every request through the same stages in the
 # same rounds), so each batch took nearly all of them; the serving thread then had nothing to do
 # until it committed (asleep ~20 % of the time) and the writer nothing while the thread answered
 # them and parsed the next ones. In two halves, one half is committed while the other is
-# answered: writes 1.19-1.30x as fast on the 10M-message store (bench/HISTORY.md, thirty-fourth
-# session). The floor keeps small batches whole: each costs the writer a COMMIT and an fsync.
+# answered: writes 1.15-1.30x as fast in two `bench ab` runs on the 10M-message store
+# (bench/HISTORY.md, thirty-fourth session). The floor keeps small batches whole: each costs the
+# writer a COMMIT and an fsync.
 BATCH_FLOOR: Final = 16
 
 
