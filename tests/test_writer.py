@@ -403,6 +403,42 @@ async def test_writes_queued_while_the_writer_is_held_go_half_at_a_time_once_it_
     assert outcomes == {n: store.writer_process.pid for n in range(20)}
 
 
+async def test_a_batch_that_could_not_be_sent_fails_its_writes_and_the_next_goes_on(
+    led: tuple[Store, trio.CancelScope],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An error nobody foresaw in sending a batch (nothing sent): each of its writes returns it
+    (none is left waiting), the error is logged, and the next batch goes to the child."""
+    store, _ = led
+    assert store.writer_process is not None
+    send = store.writer_process.send_nowait
+    failures = [RuntimeError("the pipe is not what it was")]
+
+    def failing_once(batch: list[db.WriteRequest]) -> writer.Flight:
+        if failures:
+            raise failures.pop()
+        return send(batch)
+
+    monkeypatch.setattr(store.writer_process, "send_nowait", failing_once)
+    outcomes: dict[int, object] = {}
+
+    async def quick(n: int) -> None:
+        try:
+            outcomes[n] = await store.write(helpers.record_pid, n)
+        except RuntimeError as exc:
+            outcomes[n] = str(exc)
+
+    with trio.fail_after(10):  # (a write left waiting would hang here)
+        async with trio.open_nursery() as nursery:
+            for n in range(3):
+                nursery.start_soon(quick, n)
+    assert outcomes == {n: "the pipe is not what it was" for n in range(3)}
+    assert "a batch of writes failed past its writes" in caplog.text
+    assert await store.write(helpers.record_pid, 3) == store.writer_process.pid
+    assert sorted(d["n"] for d in committed(store)) == [3]
+
+
 async def test_a_batch_larger_than_the_pipe_goes_through_sent_at_once(
     led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
 ) -> None:

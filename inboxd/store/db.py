@@ -620,6 +620,15 @@ class WriteRequest:
         return self.result
 
 
+def _end(batch: list[WriteRequest], ended: trio.Event) -> None:
+    """Wake every write of ``batch``, its outcome in: the writes that wait on the batch's
+    ``ended`` and, while ``lead_batches`` runs, each on its own ``done``."""
+    ended.set()
+    for r in batch:
+        if r.done is not None:
+            r.done.set()
+
+
 class CommitSignal:
     """Wakes tasks that wait for "something was committed" (the journal's readers)."""
 
@@ -1098,7 +1107,7 @@ class Store:
             self._write_limiter.release_on_behalf_of(self._flight_token)
             for r in batch:
                 r.error = exc if isinstance(exc, Exception) else StoreError(repr(exc))
-            ended.set()
+            _end(batch, ended)
             raise
 
     async def _land(self) -> None:
@@ -1238,10 +1247,7 @@ class Store:
                 with trio.CancelScope(shield=True):  # (the leader may be cancelled by now)
                     await self._catch_up_listeners()
         finally:
-            ended.set()  # in one go: each write of the batch returns its own outcome
-            for r in batch:
-                if r.done is not None:
-                    r.done.set()
+            _end(batch, ended)  # in one go: each write of the batch returns its own outcome
 
     async def _catch_up_listeners(self) -> None:
         """The writer process was lost during a batch (or ``run`` or ``finish`` failed after
