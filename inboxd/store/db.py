@@ -67,11 +67,12 @@ from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, REDONE_BY, SLOW_MI
 from inboxd.store.writer import Flight, WriterProcess
 
 # ``lead_batches`` sends the writes queued as one batch, but no more than this many or half of
-# them, whichever is more; the rest go as the next batch the moment it ends. Why: the 32 connections of a
-# benchmark's write row fell into step (trio runs every request through the same stages in the
-# same rounds), so each batch took nearly all of them; the serving thread then had nothing to do
-# until it committed (asleep ~20 % of the time) and the writer nothing while the thread answered
-# them and parsed the next ones. In two halves, one half is committed while the other is
+# them, whichever is more; the rest are left for the next batches (by the same rule), the first
+# of them sent the moment this one ends. Why: the 32 connections of a benchmark's write row
+# fell into step (trio runs every request through the same stages in the same rounds), so each
+# batch took nearly all of them; the serving thread then had nothing to do until it committed
+# (asleep ~20 % of the time) and the writer nothing while the thread answered them and parsed
+# the next ones. In two halves, one half is committed while the other is
 # answered: writes 1.15-1.30x as fast in two `bench ab` runs on the 10M-message store
 # (bench/HISTORY.md, thirty-fourth session). The floor keeps small batches whole: each costs the
 # writer a COMMIT and an fsync.
@@ -79,7 +80,8 @@ BATCH_FLOOR: Final = 16
 
 
 def batch_limit(pending: int) -> int:
-    """How many of ``pending`` queued writes ``lead_batches`` sends as the next batch."""
+    """The most of ``pending`` queued writes that ``lead_batches`` sends as the next batch (all
+    of them when fewer)."""
     return max(BATCH_FLOOR, (pending + 1) // 2)
 
 
@@ -1030,7 +1032,8 @@ class Store:
         once it is durable.
 
         Group commit: writes that arrive while a commit is under way wait for it and then go
-        together into the next transaction, each inside its own savepoint (a write that raises
+        together into the next transaction (while ``lead_batches`` runs, up to ``batch_limit``
+        of them; the rest into the ones after), each inside its own savepoint (a write that raises
         is rolled back alone and its caller gets the exception), with one fsync for all of them.
         Nobody's result is returned before the transaction holding it has committed.
 
@@ -1087,9 +1090,10 @@ class Store:
         return request.outcome(self.storage)
 
     def _send_now(self) -> None:
-        """``lead_batches``: send the pending writes to the writer process in this step, if a
-        child is running, no batch is in flight and the writer is free (not the checkpointer's
-        for the moment). ``_land`` then waits for their answer."""
+        """``lead_batches``: send the pending writes (up to ``batch_limit`` of them) to the
+        writer process in this step, if a child is running, no batch is in flight and the
+        writer is free (not the checkpointer's for the moment). ``_land`` then waits for their
+        answer."""
         process = self.writer_process
         if (
             self._flight is not None
@@ -1157,9 +1161,9 @@ class Store:
             self._leader_changed = trio.Event()
 
     async def _run_next(self) -> None:
-        """``lead_batches``'s one step: send the writes pending and land them, or run them
-        another way (no child running yet, or again; the checkpointer has the writer), or wait
-        for a write."""
+        """``lead_batches``'s one step: send the writes pending (up to ``batch_limit``) and land
+        them, or run them another way (no child running yet, or again; the checkpointer has the
+        writer), or wait for a write."""
         self._send_now()
         if self._flight is not None:
             await self._land()
