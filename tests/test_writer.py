@@ -14,7 +14,7 @@ import pickle
 import signal
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,27 @@ async def led(seed: Seed) -> AsyncIterator[tuple[Store, trio.CancelScope]]:
         s.close()
 
 
+def note_batches(
+    store: Store, monkeypatch: pytest.MonkeyPatch, note: Callable[[list[db.WriteRequest]], object]
+) -> None:
+    """Call ``note`` with each batch the store gives its child from now on: sent at once
+    (``send_nowait``) or run the other way (``run``)."""
+    process = store.writer_process
+    assert process is not None
+    send, run = process.send_nowait, process.run
+
+    def sending(batch: list[db.WriteRequest]) -> writer.Flight:
+        note(batch)
+        return send(batch)
+
+    async def running(batch: list[db.WriteRequest]) -> bool:
+        note(batch)
+        return await run(batch)
+
+    monkeypatch.setattr(process, "send_nowait", sending)
+    monkeypatch.setattr(process, "run", running)
+
+
 async def slow_then_queued(
     store: Store, queued: int, seen: list[str]
 ) -> tuple[int, dict[int, object]]:
@@ -201,13 +222,7 @@ async def test_lead_batches_sends_the_next_batch_in_the_step_the_last_one_ended(
     store, _ = led
     assert store.writer_process is not None
     seen: list[str] = []
-    send = store.writer_process.send_nowait
-
-    def noting(batch: list[db.WriteRequest]) -> writer.Flight:
-        seen.append(f"sent {len(batch)}")
-        return send(batch)
-
-    monkeypatch.setattr(store.writer_process, "send_nowait", noting)
+    note_batches(store, monkeypatch, lambda batch: seen.append(f"sent {len(batch)}"))
     # Five times: with a yield before the send, trio would run the slow write's task first
     # in about half of them (it runs a round's tasks in either order).
     for _ in range(5):
@@ -237,13 +252,9 @@ async def test_many_writes_queued_go_to_the_child_half_at_a_time_one_batch_after
     store, _ = led
     assert store.writer_process is not None
     seen: list[str] = []
-    send = store.writer_process.send_nowait
-
-    def noting(batch: list[db.WriteRequest]) -> writer.Flight:
-        seen.append(f"sent {[r.args[0] for r in batch]}")
-        return send(batch)
-
-    monkeypatch.setattr(store.writer_process, "send_nowait", noting)
+    note_batches(
+        store, monkeypatch, lambda batch: seen.append(f"sent {[r.args[0] for r in batch]}")
+    )
     before = store.batches
     outcomes: dict[int, object] = {}
     order: list[int] = []  # as they queued (trio starts the tasks in either order)
@@ -301,17 +312,12 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
     writes lead their own."""
     store, scope = led
     outcomes: dict[int, object] = {}
-    sent = store.writer_process.send_nowait  # type: ignore[union-attr]
     sends: list[int] = []
-
-    def noting(batch: list[db.WriteRequest]) -> writer.Flight:
-        sends.append(len(batch))
-        return sent(batch)
+    note_batches(store, monkeypatch, lambda batch: sends.append(len(batch)))
 
     async def quick(n: int) -> None:
         outcomes[n] = await store.write(helpers.record_pid, n)
 
-    monkeypatch.setattr(store.writer_process, "send_nowait", noting)
     with trio.fail_after(10):  # (writes that nobody runs fail here rather than hang)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
@@ -321,20 +327,34 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
             await trio.testing.wait_all_tasks_blocked()
             before = store.batches
             scope.cancel()
-    assert sends == [1]  # the three did not go as a batch of the loop's...
-    assert store.batches - before == 1  # ...but together, in the last one
+    assert sends == [1, 3]  # the three went together...
+    assert store.batches - before == 1  # ...in the last batch, taken once cancelled
     assert sorted(outcomes) == [0, 1, 2]
     assert not store._leading
     assert await store.write(helpers.record_pid, 3) == store.writer_process.pid  # type: ignore[union-attr]
     assert sorted(d["n"] for d in committed(store)) == [-1, 0, 1, 2, 3]
 
 
-async def test_lead_batches_stopping_while_the_writer_is_held_runs_the_writes_queued(
+@pytest.mark.parametrize(
+    ("queued", "stop", "sizes"),
+    [(3, True, [3]), (20, False, [16, 4])],
+    ids=["lead_batches stopping meanwhile", "lead_batches running"],
+)
+async def test_writes_queued_while_the_writer_is_held_run_once_it_is_free(
     led: tuple[Store, trio.CancelScope],
+    monkeypatch: pytest.MonkeyPatch,
+    queued: int,
+    stop: bool,
+    sizes: list[int],
 ) -> None:
-    """Cancelled while it waits for the writer (the checkpointer has it): the writes queued
-    still run, once it is free, in one batch."""
+    """Writes queued while the writer is held (by the checkpointer; here by the test) run once
+    it is free: with lead_batches cancelled meanwhile (the daemon stopping), in one last batch;
+    with it running, by the same limit as ever (lead_batches' other path: 20 go as 16, then
+    4)."""
     store, scope = led
+    assert store.writer_process is not None
+    noted: list[int] = []
+    note_batches(store, monkeypatch, lambda batch: noted.append(len(batch)))
     outcomes: dict[int, object] = {}
     release = trio.Event()
 
@@ -349,59 +369,18 @@ async def test_lead_batches_stopping_while_the_writer_is_held_runs_the_writes_qu
     with trio.fail_after(10):  # (writes that nobody runs fail here rather than hang)
         async with trio.open_nursery() as nursery:
             await nursery.start(hold)
-            for n in range(3):
+            for n in range(queued):
                 nursery.start_soon(quick, n)
             await trio.testing.wait_all_tasks_blocked()
             assert not outcomes
             before = store.batches
-            scope.cancel()
-            await trio.testing.wait_all_tasks_blocked()
+            if stop:
+                scope.cancel()
+                await trio.testing.wait_all_tasks_blocked()
             release.set()
-    assert store.batches - before == 1
-    assert outcomes == {n: store.writer_process.pid for n in range(3)}  # type: ignore[union-attr]
-
-
-async def test_writes_queued_while_the_writer_is_held_go_half_at_a_time_once_it_is_free(
-    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same limit once the writer is free again (lead_batches' other path; here the test
-    holds it, as the checkpointer may): 20 writes queued meanwhile go as 16, then 4."""
-    store, _ = led
-    assert store.writer_process is not None
-    sizes: list[int] = []
-    run, send = store.writer_process.run, store.writer_process.send_nowait
-
-    async def noting_run(batch: list[db.WriteRequest]) -> bool:
-        sizes.append(len(batch))
-        return await run(batch)
-
-    def noting_send(batch: list[db.WriteRequest]) -> writer.Flight:
-        sizes.append(len(batch))
-        return send(batch)
-
-    monkeypatch.setattr(store.writer_process, "run", noting_run)
-    monkeypatch.setattr(store.writer_process, "send_nowait", noting_send)
-    outcomes: dict[int, object] = {}
-    release = trio.Event()
-
-    async def hold(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with store._write_limiter:
-            task_status.started()
-            await release.wait()
-
-    async def quick(n: int) -> None:
-        outcomes[n] = await store.write(helpers.record_pid, n)
-
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(hold)
-            for n in range(20):
-                nursery.start_soon(quick, n)
-            await trio.testing.wait_all_tasks_blocked()
-            assert not outcomes
-            release.set()
-    assert sizes == [16, 4]
-    assert outcomes == {n: store.writer_process.pid for n in range(20)}
+    assert noted == sizes
+    assert store.batches - before == len(sizes)
+    assert outcomes == {n: store.writer_process.pid for n in range(queued)}
 
 
 async def test_a_batch_that_could_not_be_sent_fails_its_writes_and_the_next_goes_on(
