@@ -72,10 +72,10 @@ from inboxd.store.writer import Flight, WriterProcess
 # fell into step (trio runs every request through the same stages in the same rounds), so each
 # batch took nearly all of them; the serving thread then had nothing to do until it committed
 # (asleep ~20 % of the time) and the writer nothing while the thread answered them and parsed
-# the next ones. In two halves, one half is committed while the other is
-# answered: writes 1.15-1.30x as fast in two `bench ab` runs on the 10M-message store
-# (bench/HISTORY.md, thirty-fourth session). The floor keeps small batches whole: each costs the
-# writer a COMMIT and an fsync.
+# the next ones. In two halves, one half is committed while the other is answered: writes
+# 1.15-1.30x as fast in two `bench ab` runs on the 10M-message store (bench/HISTORY.md,
+# thirty-fourth session). The floor keeps small batches whole: each costs the writer a COMMIT
+# and an fsync.
 BATCH_FLOOR: Final = 16
 
 
@@ -1127,7 +1127,8 @@ class Store:
         """Run every batch of writes, one after the other, until cancelled (the daemon runs
         this beside its other tasks). A write then only queues and waits for its batch to end;
         none leads its own. Each batch takes the writes queued while the one before it ran, up
-        to ``batch_limit`` of them (half, past ``BATCH_FLOOR``) in the order they queued.
+        to ``batch_limit`` of them (``BATCH_FLOOR``, or half when that is more), in the order
+        they queued.
 
         Why: with writes leading their own batches, the next leader was woken in the same
         round as the writes the last batch answered, and trio runs a round's tasks in either
