@@ -1153,13 +1153,17 @@ class Store:
                     log.exception("a batch of writes failed past its writes")
         finally:
             self._leading = False
-            with trio.CancelScope(shield=True):  # (no batch is in flight: _land ends it)
-                if self._pending:
-                    async with self._write_limiter:
-                        if self._pending:  # (its writes may have been cancelled meanwhile)
-                            await self._lead(*self._take())
-            self._leader_changed.set()  # (writes that waited for a leader look again)
-            self._leader_changed = trio.Event()
+            try:
+                with trio.CancelScope(shield=True):  # (no batch is in flight: _land ends it)
+                    if self._pending:
+                        async with self._write_limiter:
+                            if self._pending:  # (its writes may have been cancelled meanwhile)
+                                await self._lead(*self._take())
+            except Exception:  # (as for every batch: the writes have their outcomes)
+                log.exception("a batch of writes failed past its writes")
+            finally:
+                self._leader_changed.set()  # (writes that waited for a leader look again)
+                self._leader_changed = trio.Event()
 
     async def _run_next(self) -> None:
         """``lead_batches``'s one step: send the writes pending (up to ``batch_limit``) and land
