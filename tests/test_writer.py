@@ -172,20 +172,23 @@ async def led(seed: Seed) -> AsyncIterator[tuple[Store, trio.CancelScope]]:
 
 
 def note_batches(
-    store: Store, monkeypatch: pytest.MonkeyPatch, note: Callable[[list[db.WriteRequest]], object]
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    note: Callable[[list[db.WriteRequest], str], object],
 ) -> None:
-    """Call ``note`` with each batch the store gives its child from now on: sent at once
-    (``send_nowait``) or run the other way (``run``)."""
+    """Call ``note`` with each batch the store gives its child from now on, and how: "sent"
+    at once by lead_batches (``send_nowait``), or "run" (``run``: its other path, its last
+    batch, or a write leading its own)."""
     process = store.writer_process
     assert process is not None
     send, run = process.send_nowait, process.run
 
     def sending(batch: list[db.WriteRequest]) -> writer.Flight:
-        note(batch)
+        note(batch, "sent")
         return send(batch)
 
     async def running(batch: list[db.WriteRequest]) -> bool:
-        note(batch)
+        note(batch, "run")
         return await run(batch)
 
     monkeypatch.setattr(process, "send_nowait", sending)
@@ -222,7 +225,7 @@ async def test_lead_batches_sends_the_next_batch_in_the_step_the_last_one_ended(
     store, _ = led
     assert store.writer_process is not None
     seen: list[str] = []
-    note_batches(store, monkeypatch, lambda batch: seen.append(f"sent {len(batch)}"))
+    note_batches(store, monkeypatch, lambda batch, how: seen.append(f"{how} {len(batch)}"))
     # Five times: with a yield before the send, trio would run the slow write's task first
     # in about half of them (it runs a round's tasks in either order).
     for _ in range(5):
@@ -253,7 +256,7 @@ async def test_many_writes_queued_go_to_the_child_half_at_a_time_one_batch_after
     assert store.writer_process is not None
     seen: list[str] = []
     note_batches(
-        store, monkeypatch, lambda batch: seen.append(f"sent {[r.args[0] for r in batch]}")
+        store, monkeypatch, lambda batch, how: seen.append(f"{how} {[r.args[0] for r in batch]}")
     )
     before = store.batches
     outcomes: dict[int, object] = {}
@@ -312,8 +315,8 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
     writes lead their own."""
     store, scope = led
     outcomes: dict[int, object] = {}
-    sends: list[int] = []
-    note_batches(store, monkeypatch, lambda batch: sends.append(len(batch)))
+    sends: list[str] = []
+    note_batches(store, monkeypatch, lambda batch, how: sends.append(f"{how} {len(batch)}"))
 
     async def quick(n: int) -> None:
         outcomes[n] = await store.write(helpers.record_pid, n)
@@ -327,7 +330,7 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
             await trio.testing.wait_all_tasks_blocked()
             before = store.batches
             scope.cancel()
-    assert sends == [1, 3]  # the three went together...
+    assert sends == ["sent 1", "run 3"]  # the three not sent by the loop, but together...
     assert store.batches - before == 1  # ...in the last batch, taken once cancelled
     assert sorted(outcomes) == [0, 1, 2]
     assert not store._leading
@@ -337,7 +340,7 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
 
 @pytest.mark.parametrize(
     ("queued", "stop", "sizes"),
-    [(3, True, [3]), (20, False, [16, 4])],
+    [(3, True, ["run 3"]), (20, False, ["run 16", "sent 4"])],
     ids=["lead_batches stopping meanwhile", "lead_batches running"],
 )
 async def test_writes_queued_while_the_writer_is_held_run_once_it_is_free(
@@ -345,7 +348,7 @@ async def test_writes_queued_while_the_writer_is_held_run_once_it_is_free(
     monkeypatch: pytest.MonkeyPatch,
     queued: int,
     stop: bool,
-    sizes: list[int],
+    sizes: list[str],
 ) -> None:
     """Writes queued while the writer is held (by the checkpointer; here by the test) run once
     it is free: with lead_batches cancelled meanwhile (the daemon stopping), in one last batch;
@@ -353,8 +356,8 @@ async def test_writes_queued_while_the_writer_is_held_run_once_it_is_free(
     4)."""
     store, scope = led
     assert store.writer_process is not None
-    noted: list[int] = []
-    note_batches(store, monkeypatch, lambda batch: noted.append(len(batch)))
+    noted: list[str] = []
+    note_batches(store, monkeypatch, lambda batch, how: noted.append(f"{how} {len(batch)}"))
     outcomes: dict[int, object] = {}
     release = trio.Event()
 
@@ -380,6 +383,7 @@ async def test_writes_queued_while_the_writer_is_held_run_once_it_is_free(
             release.set()
     assert noted == sizes
     assert store.batches - before == len(sizes)
+    assert store._leading is not stop
     assert outcomes == {n: store.writer_process.pid for n in range(queued)}
 
 
@@ -480,6 +484,36 @@ async def test_a_journal_listener_that_raises_leaves_lead_batches_running(
     assert store._leading
     assert await store.write(helpers.record_pid, 2) == store.writer_process.pid  # type: ignore[union-attr]
     assert [d["n"] for d in committed(store)] == [1, 2]
+
+
+async def test_a_journal_listener_that_raises_in_the_last_batch_leaves_lead_batches_ending(
+    led: tuple[Store, trio.CancelScope], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same in the last batch, as lead_batches stops: logged, not raised into the daemon's
+    stop; the writes have their results, and later writes lead their own."""
+    store, scope = led
+    outcomes: dict[int, object] = {}
+
+    def fails(appended: list[Appended]) -> None:
+        raise RuntimeError("a listener's bug")
+
+    async def quick(n: int) -> None:
+        outcomes[n] = await store.write(helpers.record_pid, n)
+
+    with trio.fail_after(10), caplog.at_level(logging.ERROR, logger="inboxd.store"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
+            await trio.testing.wait_all_tasks_blocked()
+            for n in range(2):
+                nursery.start_soon(quick, n)
+            await trio.testing.wait_all_tasks_blocked()
+            store.add_journal_listener(fails)
+            scope.cancel()
+    store._journal_listeners.remove(fails)
+    assert caplog.text.count("a batch of writes failed past its writes") == 2
+    assert outcomes == {n: store.writer_process.pid for n in range(2)}  # type: ignore[union-attr]
+    assert not store._leading
+    assert await store.write(helpers.record_pid, 2) == store.writer_process.pid  # type: ignore[union-attr]
 
 
 def exited(pid: int) -> bool:

@@ -243,7 +243,6 @@ class Flight:
     process: trio.Process
     sent: list[WriteRequest]  # the batch's requests that pickled, in the frame's order
     rest: memoryview  # what of the frame is still to be written to the pipe
-    error: OSError | None = None  # writing it failed: the child is gone
 
 
 def _payloads(batch: list[WriteRequest]) -> tuple[list[WriteRequest], list[bytes]]:
@@ -372,7 +371,8 @@ class WriterProcess:
         """Send ``batch`` to the running child (``running()``) in this step, without yielding
         to other tasks; ``finish`` then waits for its answer. Call it holding the writer, and
         with no other batch in flight. Whatever of the frame the pipe did not take at once
-        (a batch past 64 KiB) ``finish`` sends first."""
+        (a batch past 64 KiB, or all of it if writing failed: the child is gone) ``finish``
+        sends first, or fails the batch with the error that writing it raises again."""
         assert self._process is not None
         sent, payload = _payloads(batch)
         flight = Flight(self._process, sent, memoryview(b""))
@@ -381,10 +381,8 @@ class WriterProcess:
             frame = memoryview(_frame(payload))
             try:
                 flight.rest = frame[os.write(self._process.stdin.fileno(), frame) :]
-            except BlockingIOError:
+            except OSError:  # (the pipe full, or the child gone: left to finish)
                 flight.rest = frame
-            except OSError as exc:  # (the child is gone: finish fails the batch for it)
-                flight.rest, flight.error = frame, exc
         return flight
 
     async def run(self, batch: list[WriteRequest]) -> bool:
@@ -428,8 +426,6 @@ class WriterProcess:
         if not sent:
             return True
         try:
-            if flight.error is not None:
-                raise flight.error
             if flight.rest:
                 await _send(flight.process, flight.rest)
             reply = await self._receive(flight.process)
