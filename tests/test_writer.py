@@ -418,7 +418,8 @@ async def test_a_batch_that_could_not_be_sent_fails_its_writes_and_the_next_goes
             for n in range(3):
                 nursery.start_soon(quick, n)
     assert outcomes == {n: "the pipe is not what it was" for n in range(3)}
-    assert "a batch of writes failed past its writes" in caplog.text
+    assert "a batch of writes could not be sent to the writer process" in caplog.text
+    assert "failed past its writes" not in caplog.text
     assert await store.write(helpers.record_pid, 3) == store.writer_process.pid
     assert sorted(d["n"] for d in committed(store)) == [3]
 
@@ -443,26 +444,65 @@ async def test_a_batch_larger_than_the_pipe_goes_through_sent_at_once(
     assert len(left) == 1 and 0 < left[0] < 300_000  # the pipe took part of it at once
 
 
-async def test_a_batch_sent_to_a_writer_already_gone_fails_with_503_and_the_next_starts_one(
-    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
+async def killed(pid: int) -> None:
+    """Kill the process ``pid`` and wait until it has exited."""
+    os.kill(pid, signal.SIGKILL)
+    with trio.fail_after(10):
+        while not exited(pid):  # noqa: ASYNC110 (polling another process)
+            await trio.sleep(0.01)
+
+
+async def test_a_batch_sent_to_a_writer_already_gone_goes_to_a_new_one(
+    led: tuple[Store, trio.CancelScope],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The child died and is not reaped yet when a batch is sent to it: the pipe refuses the
-    batch, which fails with 503 ``writer_stopped``; the next batch starts a new child."""
+    batch whole, so none of it was made, and it goes to a new child (not a 503)."""
     store, _ = led
     process = store.writer_process
     assert process is not None and process.pid is not None
     first = process.pid
-    os.kill(first, signal.SIGKILL)
-    with trio.fail_after(10):
-        while not exited(first):  # noqa: ASYNC110 (polling another process)
-            await trio.sleep(0.01)
+    await killed(first)
     monkeypatch.setattr(process, "running", lambda: True)  # (as if not seen to exit yet)
+    how: list[str] = []
+    note_batches(store, monkeypatch, lambda batch, sent_or_run: how.append(sent_or_run))
+    assert await store.write(helpers.record_pid, 1) not in (first, None)
+    assert how == ["sent", "run"]  # sent to the dead child, then run by a new one
+    assert process.started == 2
+    assert "the store's writer process stopped" in caplog.text
+    monkeypatch.undo()
+    assert await store.write(helpers.record_pid, 2) == process.pid
+    assert [d["n"] for d in committed(store)] == [1, 2]
+
+
+async def test_a_batch_no_child_took_fails_with_503_not_made_and_the_next_starts_one(
+    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new child that a batch goes to dies too before reading it: the batch fails with 503
+    ``writer_stopped``, which says the change was not made (nothing of it reached a child), and
+    no third child is tried for it; the next batch starts one."""
+    store, _ = led
+    process = store.writer_process
+    assert process is not None and process.pid is not None
+    await killed(process.pid)
+    spawn = process._spawn
+
+    async def dead_on_arrival() -> trio.Process:
+        child = await spawn()
+        await killed(child.pid)
+        return child
+
+    monkeypatch.setattr(process, "running", lambda: True)  # (as if not seen to exit yet)
+    monkeypatch.setattr(process, "_spawn", dead_on_arrival)
     with pytest.raises(ServiceUnavailable) as exc:
         await store.write(helpers.record_pid, 1)
     assert exc.value.code == "writer_stopped"
-    monkeypatch.undo()
-    assert await store.write(helpers.record_pid, 2) not in (first, None)
+    assert "the change was not made" in str(exc.value)
     assert process.started == 2
+    monkeypatch.undo()
+    assert await store.write(helpers.record_pid, 2) == process.pid
+    assert process.started == 3
     assert [d["n"] for d in committed(store)] == [2]
 
 

@@ -1109,10 +1109,11 @@ class Store:
             self._flight = (batch, ended, process.send_nowait(batch))
         except BaseException as exc:  # (not foreseen: nothing was sent)
             self._write_limiter.release_on_behalf_of(self._flight_token)
-            for r in batch:
-                r.error = exc if isinstance(exc, Exception) else StoreError(repr(exc))
+            self._fail_batch(batch, exc)  # (as a batch that failed running)
             _end(batch, ended)
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("a batch of writes could not be sent to the writer process")
 
     async def _land(self) -> None:
         """Wait for the batch in flight to end, holding the writer for it until then."""

@@ -23,7 +23,9 @@ version installed under it): "ready" carries a digest of inboxd's files (``code_
 
 The child ends when its stdin closes (the daemon stopping) after finishing the batch it is on.
 If it dies, the batch it was running fails with ``ServiceUnavailable`` ``writer_stopped`` (its
-fate is unknown to the daemon: it may have committed) and the next batch starts a new child.
+fate is unknown to the daemon: it may have committed) and the next batch starts a new child. A
+batch whose first byte the pipe refused (the child died just before) was not made: it goes to a
+new child (once).
 """
 
 from __future__ import annotations
@@ -241,8 +243,15 @@ class Flight:
     """A batch sent to the child (``WriterProcess.send_nowait``) whose answer is still to come."""
 
     process: trio.Process
+    batch: list[WriteRequest]  # the batch as given (``finish`` may hand it to ``run``)
     sent: list[WriteRequest]  # the batch's requests that pickled, in the frame's order
     rest: memoryview  # what of the frame is still to be written to the pipe
+    size: int  # the frame's length
+
+    @property
+    def untouched(self) -> bool:
+        """Whether no byte of the frame has gone down the pipe yet."""
+        return len(self.rest) == self.size
 
 
 def _payloads(batch: list[WriteRequest]) -> tuple[list[WriteRequest], list[bytes]]:
@@ -298,8 +307,9 @@ class WriterProcess:
             raise
 
     async def _ensure_started(self) -> trio.Process:
-        # (Taking the lock yields to the other ready tasks once, like the checkpoint that _send
-        # skips. Skipping it too while a child runs measured no different: bench/HISTORY.md.)
+        # (Taking the lock yields to the other ready tasks once, like the checkpoint that
+        # _send_rest skips. Skipping it too while a child runs measured no different:
+        # bench/HISTORY.md.)
         async with self._spawning:
             if self.unavailable:  # (a start that failed while this waited for the lock)
                 raise OSError("the writer process could not start here")
@@ -336,7 +346,7 @@ class WriterProcess:
 
     async def _receive(self, process: trio.Process) -> bytes:
         """The next frame from the child, read from the pipe directly: trio's
-        ``receive_some`` would first yield to every other ready task (as ``_send`` says)
+        ``receive_some`` would first yield to every other ready task (as ``_send_rest`` says)
         before it even looks. Right after a send the pipe is empty, and this waits for it to
         be readable once."""
         assert isinstance(process.stdout, trio.lowlevel.FdStream)
@@ -375,14 +385,13 @@ class WriterProcess:
         sends first, or fails the batch with the error that writing it raises again."""
         assert self._process is not None
         sent, payload = _payloads(batch)
-        flight = Flight(self._process, sent, memoryview(b""))
+        frame = memoryview(_frame(payload) if sent else b"")
+        flight = Flight(self._process, batch, sent, frame, len(frame))
         if sent:
             assert isinstance(self._process.stdin, trio.lowlevel.FdStream)
-            frame = memoryview(_frame(payload))
-            try:
+            # (the pipe full, or the child gone: what is left goes to finish)
+            with contextlib.suppress(OSError):
                 flight.rest = frame[os.write(self._process.stdin.fileno(), frame) :]
-            except OSError:  # (the pipe full, or the child gone: left to finish)
-                flight.rest = frame
         return flight
 
     async def run(self, batch: list[WriteRequest]) -> bool:
@@ -404,30 +413,54 @@ class WriterProcess:
                     return False
                 await self._lost_batch(sent, exc)
                 return True
-            return await self._finish(Flight(process, sent, memoryview(_frame(payload))))
+            frame = memoryview(_frame(payload))
+            if not await self._finish(Flight(process, batch, sent, frame, len(frame))):
+                # This child too was gone before any of the batch reached it (once is enough:
+                # a child that dies as it starts would otherwise be replaced for good).
+                for r in sent:
+                    r.error = ServiceUnavailable(
+                        "the store's writer stopped before the change reached it; the change"
+                        " was not made",
+                        code="writer_stopped",
+                    )
+            return True
         except BaseException as exc:
             await self._lost(exc)
             raise
 
     async def finish(self, flight: Flight) -> bool:
         """Send what ``send_nowait`` could not, wait for the child's answer and give each
-        request of ``flight`` its outcome. Not cancellable midway: call it shielded."""
+        request of ``flight`` its outcome. Not cancellable midway: call it shielded.
+
+        If the child was gone before any of the batch reached it (it died after ``running``
+        looked), nothing of the batch was made: it goes to a new child (``run``), as it would
+        have had the child been seen gone, and what ``run`` returns is returned."""
         try:
-            return await self._finish(flight)
+            if await self._finish(flight):
+                return True
         except BaseException as exc:
             # Unforeseen, after the batch may have been sent: the child may still be running it
             # and commit later, and its answer would put the pipe out of step. End it, so the
             # journal the caller reads next is final; the next batch starts a new child.
             await self._lost(exc)
             raise
+        return await self.run(flight.batch)
 
     async def _finish(self, flight: Flight) -> bool:
+        """True once each request sent has its outcome; False (no outcome set, the child
+        ended) if the child was gone before any of the frame reached it."""
         sent = flight.sent
         if not sent:
             return True
         try:
             if flight.rest:
-                await _send(flight.process, flight.rest)
+                try:
+                    await _send_rest(flight)
+                except OSError as exc:
+                    if not flight.untouched:
+                        raise  # (the child may have read the part that went)
+                    await self._lost(exc)
+                    return False
             reply = await self._receive(flight.process)
             try:
                 outcomes: list[Any] = pickle.loads(reply)
@@ -478,16 +511,17 @@ class WriterProcess:
             await _end(process)
 
 
-async def _send(process: trio.Process, frame: bytes | memoryview) -> None:
-    """``frame`` down the child's stdin, written at once: trio's ``send_all`` would first yield
-    to every other ready task (a checkpoint before the write), which under load is a few
-    milliseconds with the child idle (bench/HISTORY.md, tenth session)."""
-    assert isinstance(process.stdin, trio.lowlevel.FdStream)
-    fd = process.stdin.fileno()
-    data = memoryview(frame)
-    while data:
+async def _send_rest(flight: Flight) -> None:
+    """The rest of ``flight``'s frame down the child's stdin, written at once: trio's
+    ``send_all`` would first yield to every other ready task (a checkpoint before the write),
+    which under load is a few milliseconds with the child idle (bench/HISTORY.md, tenth
+    session). ``flight.rest`` keeps up with what went, should a write fail."""
+    stdin = flight.process.stdin
+    assert isinstance(stdin, trio.lowlevel.FdStream)
+    fd = stdin.fileno()
+    while flight.rest:
         try:
-            data = data[os.write(fd, data) :]
+            flight.rest = flight.rest[os.write(fd, flight.rest) :]
         except BlockingIOError:  # the pipe is full (a batch past 64 KiB): wait for room
             await trio.lowlevel.wait_writable(fd)
 
