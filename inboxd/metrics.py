@@ -3,8 +3,8 @@
 Counted as things happen: HTTP requests by route, method and status with a latency histogram per
 route, inbox webhook attempts by outcome, channel webhook attempts by outcome. Read when scraped:
 channel webhook URLs by state (from the store), open feed clients, webhook supervisors, waits
-for the disk on the trio thread, whether the store is held in memory, and the process's memory,
-CPU and garbage collector.
+for the disk on the trio thread, whether the store is held in memory, how long the write
+batches' COMMITs took, and the process's memory, CPU and garbage collector.
 
 Routes are labelled by their rule (``/api/v1/inbox/conversations/<conversation_id>``), never by
 the path a client sent, so the number of series stays fixed; a path no rule matches is
@@ -26,9 +26,15 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from inboxd.store.durations import COMMIT_BUCKETS, Durations
 from inboxd.webhooks.policy import URL_STATES
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -44,6 +50,7 @@ class _StoreCounters(Collector):
         self.writer_starts = 0
         self.in_memory = False
         self.reads = (0, 0)  # (on the trio thread, in worker threads)
+        self.commit_times = Durations()
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -68,6 +75,19 @@ class _StoreCounters(Collector):
             " trio thread); 0 while it reads it in or reads part back, or when it does not keep"
             " the store (inboxd/store/warm.py).",
             value=int(self.in_memory),
+        )
+        bounds = [*map(str, COMMIT_BUCKETS), "+Inf"]
+        cumulative, buckets = 0, []
+        for bound, count in zip(bounds, self.commit_times.counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        yield HistogramMetricFamily(
+            "inboxd_store_commit_seconds",
+            "The COMMIT of each batch of writes: its pages appended to the WAL and the fsync"
+            " that makes them durable; every write of the batch waits for it (a slow disk shows"
+            " here first; inboxd/store/db.py).",
+            buckets=buckets,
+            sum_value=self.commit_times.total,
         )
         yield CounterMetricFamily(
             "inboxd_store_writer_starts",
@@ -162,11 +182,13 @@ class Metrics:
         reads: tuple[int, int],
         writer_starts: int = 0,
         in_memory: bool = False,
+        commit_times: Durations | None = None,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
         self._store.reads = reads
         self._store.in_memory = in_memory
         self._store.writer_starts = writer_starts
+        self._store.commit_times = commit_times or Durations()
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))
         for state in ("filling", "ready"):

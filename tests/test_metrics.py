@@ -197,3 +197,23 @@ async def test_reads_are_counted_by_where_they_ran(
     on_loop = value(after, "inboxd_store_reads_total", on="trio_thread")
     assert on_loop >= value(before, "inboxd_store_reads_total", on="trio_thread") + 5
     assert ("inboxd_store_reads_total", frozenset({("on", "worker_thread")})) in after
+
+
+async def test_the_write_batches_commits_are_timed(
+    owner: httpx.AsyncClient, anon: httpx.AsyncClient, seeded: Seed
+) -> None:
+    """``inboxd_store_commit_seconds``: each write batch's COMMIT (the WAL's fsync), timed in
+    the writer process and brought back with the batch's outcomes."""
+    conv = (await ingest(owner, seeded.sales_id, "15550002", content="hi"))["conversationId"]
+    before = await scrape(anon)
+    name = "inboxd_store_commit_seconds"
+    for n in range(3):  # one after the other: a batch each
+        response = await owner.patch(f"{CONV}/{conv}/title", json={"title": f"t{n}"})
+        assert response.status_code == 200
+    after = await scrape(anon)
+    assert value(after, f"{name}_count") == value(before, f"{name}_count") + 3
+    assert value(after, f"{name}_sum") > value(before, f"{name}_sum")
+    bounds = ["0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25"]
+    cumulative = [value(after, f"{name}_bucket", le=b) for b in [*bounds, "0.5", "1.0", "+Inf"]]
+    assert cumulative == sorted(cumulative)  # each bucket holds the ones below it
+    assert cumulative[-1] == value(after, f"{name}_count")

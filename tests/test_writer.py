@@ -35,6 +35,7 @@ from inboxd.errors import (
 )
 from inboxd.store import accounts, actions, conversations, db, idempotency, messages, writer
 from inboxd.store.db import IDEMPOTENT_WRITE, Appended, Store
+from inboxd.store.durations import COMMIT_BUCKETS, Durations
 from inboxd.store.writer import WriterProcess
 from tests import writer_helpers as helpers
 from tests.arrange import inbound_text
@@ -135,6 +136,47 @@ async def test_a_failing_write_is_undone_alone_and_its_error_comes_back_as_raise
     with pytest.raises(StoreError, match="Unpicklable: no pickle"):
         await store.write(helpers.raise_unpicklable)
     assert (await store.write(helpers.record_pid, 3)) == store.writer_process.pid  # type: ignore[union-attr]
+
+
+async def test_each_batch_s_commit_is_timed_in_the_child_and_counted_here(store: Store) -> None:
+    """The child times each batch's COMMIT and sends it back with the outcomes: the writer
+    process counts it (``inboxd_store_commit_seconds``); a failing write is undone alone, and
+    its batch commits and is counted all the same."""
+    await concurrently(store, [(helpers.record_pid, n) for n in range(5)])
+    with pytest.raises(Conflict):
+        await store.write(helpers.refuse_after_writing, 5)
+    assert store.writer_process is not None
+    in_child = store.writer_process.commit_times
+    assert sum(in_child.counts) == store.batches >= 2
+    assert 0 < in_child.total < 10
+    assert sum(store.commit_times.counts) == 0  # (no batch ran in this process)
+    assert store.commit_durations() == in_child
+
+
+async def test_a_batch_run_in_the_daemon_s_own_process_is_timed_there(seed: Seed) -> None:
+    s = Store.open(seed.data_dir, readers=1)  # (no writer process: batches run here)
+    try:
+        for n in range(3):
+            await s.write(helpers.record_pid, n)
+        assert sum(s.commit_times.counts) == 3
+        assert s.commit_durations() is s.commit_times
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "bucket"),
+    [(0.0, 0), (0.0005, 0), (0.00051, 1), (0.005, 3), (0.0051, 4), (1.0, 10), (1.01, 11), (60, 11)],
+)
+def test_a_duration_is_counted_in_the_first_bucket_it_does_not_exceed(
+    seconds: float, bucket: int
+) -> None:
+    durations = Durations()
+    durations.observe(seconds)
+    assert durations.counts == [int(n == bucket) for n in range(len(COMMIT_BUCKETS) + 1)]
+    assert durations.total == seconds
+    both = durations + durations
+    assert both.counts == [2 * c for c in durations.counts] and both.total == 2 * seconds
 
 
 async def test_a_batch_and_an_answer_larger_than_the_pipe_go_through(store: Store) -> None:
@@ -593,6 +635,7 @@ async def test_a_writer_killed_mid_batch_fails_that_batch_with_503_and_commits_n
     # Its transaction never committed; the next write has a new writer.
     assert await store.write(helpers.record_pid, 2) != child
     assert [d["n"] for d in committed(store)] == [1, 2]
+    assert sum(store.commit_durations().counts) == 2  # (the two COMMITs made, timed)
 
 
 async def test_a_full_disk_fails_writes_with_503_storage_full_until_there_is_room(

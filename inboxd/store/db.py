@@ -63,6 +63,7 @@ import trio
 
 from inboxd.errors import ServiceUnavailable, StorageUnavailable, StoreError
 from inboxd.store.accounts import live_args
+from inboxd.store.durations import Durations
 from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, REDONE_BY, SLOW_MIGRATIONS
 from inboxd.store.writer import Flight, WriterProcess
 
@@ -657,10 +658,11 @@ def writer_connection(path: Path) -> JournalConnection:
     return conn
 
 
-def run_batch(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
+def run_batch(conn: sqlite3.Connection, batch: list[WriteRequest]) -> float | None:
     """``batch`` in one transaction, a savepoint per write, then the COMMIT: each request ends
-    with its result or its error (all of them with the transaction's, if that fails)."""
-    _writes_then_commit(conn, batch, batch, begin=True)
+    with its result or its error (all of them with the transaction's, if that fails). How long
+    the COMMIT took (None if the batch failed)."""
+    return _writes_then_commit(conn, batch, batch, begin=True)
 
 
 def _writes_then_commit(
@@ -668,9 +670,10 @@ def _writes_then_commit(
     writes: list[WriteRequest],
     batch: list[WriteRequest],
     begin: bool = False,
-) -> None:
+) -> float | None:
     """``writes`` (the batch's, or the rest of them) in the batch's transaction, then the
-    COMMIT; a failure of the transaction itself fails the whole batch."""
+    COMMIT; a failure of the transaction itself fails the whole batch. How long the COMMIT
+    took, if it was made."""
     try:
         if begin:
             conn.execute("BEGIN IMMEDIATE")
@@ -679,8 +682,8 @@ def _writes_then_commit(
         fail_batch(conn, batch, exc)
         if not isinstance(exc, Exception):
             raise
-        return
-    _commit_batch(conn, batch)
+        return None
+    return _commit_batch(conn, batch)
 
 
 def _writer_stopped(error: BaseException | None) -> bool:
@@ -742,16 +745,20 @@ def run_writes(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
         conn.appended, conn.wakes = [], set()  # type: ignore[attr-defined]
 
 
-def _commit_batch(conn: sqlite3.Connection, batch: list[WriteRequest]) -> None:
-    """COMMIT the open transaction (this is where SQLite fsyncs)."""
+def _commit_batch(conn: sqlite3.Connection, batch: list[WriteRequest]) -> float | None:
+    """COMMIT the open transaction (this is where SQLite fsyncs); how long it took, or None
+    if it was not made."""
     if not conn.in_transaction:  # the batch failed as a whole; errors are set
-        return
+        return None
+    started = time.perf_counter()
     try:
         conn.execute("COMMIT")
     except BaseException as exc:
         fail_batch(conn, batch, exc)
         if not isinstance(exc, Exception):
             raise
+        return None
+    return time.perf_counter() - started
 
 
 def fail_batch(conn: sqlite3.Connection, batch: list[WriteRequest], exc: BaseException) -> None:
@@ -870,6 +877,9 @@ class Store:
         # Where write batches run when set (the daemon's): a child process (store/writer.py).
         self.writer_process: WriterProcess | None = None
         self.offloaded_batches = 0  # batches whose writes all ran in a worker thread
+        # The COMMITs of the batches run in this process (the writer process counts its own:
+        # commit_durations adds the two).
+        self.commit_times = Durations()
         self.migrated = 0  # migrations Store.open applied
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
@@ -964,6 +974,12 @@ class Store:
     async def _set_autocheckpoint(self, pages: int) -> None:
         async with self._write_limiter:  # never while a batch uses the writer in a thread
             self._writer.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+
+    def commit_durations(self) -> Durations:
+        """How long the write batches' COMMITs took: the writer process's and this one's."""
+        if self.writer_process is None:
+            return self.commit_times
+        return self.commit_times + self.writer_process.commit_times
 
     def commit_stamp(self) -> object:
         """A value that differs (``!=``) after any connection commits: the writer, the CLI,
@@ -1284,14 +1300,16 @@ class Store:
         conn = self._writer
         conn.wait_when_busy(BUSY_TIMEOUT_MS)  # here waiting for another process is fine
         conn.check_every(COARSE_STEPS if self._offload else FINE_STEPS)
-        run_batch(conn, batch)
+        if (seconds := run_batch(conn, batch)) is not None:
+            self.commit_times.observe(seconds)
 
     def _finish_batch(self, batch: list[WriteRequest], done: int) -> None:
         """In a worker thread: the batch's writes from ``done`` on, in the transaction the trio
         thread opened, then the COMMIT."""
         if self._writer.in_transaction:  # else the batch failed as a whole; errors are set
             self._writer.check_every(COARSE_STEPS)
-            _writes_then_commit(self._writer, batch[done:], batch)
+            if (seconds := _writes_then_commit(self._writer, batch[done:], batch)) is not None:
+                self.commit_times.observe(seconds)
 
     def _fail_batch(self, batch: list[WriteRequest], exc: BaseException) -> None:
         fail_batch(self._writer, batch, exc)

@@ -50,6 +50,7 @@ import attrs
 import trio
 
 from inboxd.errors import ServiceUnavailable, StoreError
+from inboxd.store.durations import Durations
 
 if TYPE_CHECKING:
     from inboxd.store.db import WriteRequest
@@ -216,17 +217,20 @@ def serve(path: str) -> None:
             if payload is None:
                 break
             batch = [_request(db, data) for data in pickle.loads(payload)]
-            db.run_batch(conn, batch)
+            commit_seconds = db.run_batch(conn, batch)
             answer = outcome_pickle(
-                [
-                    (
-                        r.result,
-                        None if r.error is None else _picklable(r.error),
-                        r.appended,
-                        r.wakes,
-                    )
-                    for r in batch
-                ]
+                (
+                    commit_seconds,
+                    [
+                        (
+                            r.result,
+                            None if r.error is None else _picklable(r.error),
+                            r.appended,
+                            r.wakes,
+                        )
+                        for r in batch
+                    ],
+                )
             )
             stdout.write(_LENGTH.pack(len(answer)))
             stdout.write(answer)
@@ -282,6 +286,7 @@ class WriterProcess:
         # the daemon's own process as it did before the writer.
         self.unavailable = False
         self.fingerprint = code_fingerprint()  # the code this daemon runs
+        self.commit_times = Durations()  # the COMMIT of each batch, as the child timed it
 
     @property
     def pid(self) -> int | None:
@@ -463,7 +468,7 @@ class WriterProcess:
                     return False
             reply = await self._receive(flight.process)
             try:
-                outcomes: list[Any] = pickle.loads(reply)
+                commit_seconds, outcomes = pickle.loads(reply)
                 if len(outcomes) != len(sent):
                     raise ValueError(f"{len(outcomes)} outcomes for {len(sent)} writes")
             except Exception as exc:  # out of step: a new child starts on the next batch
@@ -471,6 +476,8 @@ class WriterProcess:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             await self._lost_batch(sent, exc)
             return True
+        if commit_seconds is not None:
+            self.commit_times.observe(commit_seconds)
         for r, (result, error, appended, wakes) in zip(sent, outcomes, strict=True):
             r.error, r.appended, r.wakes = error, appended, wakes
             if error is None:
