@@ -165,6 +165,37 @@ def daemon_metric(base: str, name: str) -> float | None:
     return None
 
 
+def commit_buckets(base: str) -> dict[str, float] | None:
+    """The daemon's ``inboxd_store_commit_seconds`` histogram: each bucket's bound (``le``, as
+    the exposition writes it) and its cumulative count of write batches' COMMITs. None where
+    this revision has none."""
+    return commit_buckets_in(httpx.get(f"{base}/metrics").text)
+
+
+def commit_buckets_in(exposition: str) -> dict[str, float] | None:
+    """``commit_buckets`` read from the text of a /metrics answer."""
+    found = {}
+    for line in exposition.splitlines():
+        if line.startswith('inboxd_store_commit_seconds_bucket{le="'):
+            found[line.split('"')[1]] = float(line.split()[-1])
+    return found or None
+
+
+def commits_between(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The COMMITs made between two readings of ``commit_buckets``: how many, how many took
+    over 50 and over 100 ms, and the bound under which all of them took (None: over the
+    largest bound)."""
+    made = {bound: after[bound] - before.get(bound, 0.0) for bound in after}
+    count = made["+Inf"]
+    within = [float(b) for b, n in made.items() if b != "+Inf" and n == count]
+    return {
+        "count": int(count),
+        "over_50_ms": int(count - made.get("0.05", count)),
+        "over_100_ms": int(count - made.get("0.1", count)),
+        "all_within_ms": min(within) * 1000 if within else None,
+    }
+
+
 def loop_disk_waits(base: str) -> float | None:
     """The daemon's own count (absent before the revision that added it)."""
     return daemon_metric(base, "inboxd_store_loop_disk_waits_total")

@@ -38,6 +38,8 @@ import httpx
 
 from bench import machine
 from bench.common import (
+    commit_buckets,
+    commits_between,
     daemon_metric,
     loop_disk_waits,
     report,
@@ -334,6 +336,16 @@ request = function()
   return wrk.format("PATCH", nil, {["Content-Type"] = "application/json"}, '{"title": "t' .. i .. '"}')
 end
 """
+
+
+def commits_text(commits: dict[str, Any]) -> str:
+    """A write row's COMMITs as the table shows them."""
+    within = commits["all_within_ms"]
+    longest = "some over 1 s" if within is None else f"all within {within:g} ms"
+    return (
+        f"its {commits['count']:,} COMMITs (fsync) {longest}, {commits['over_50_ms']} over"
+        f" 50 ms, {commits['over_100_ms']} over 100 ms"
+    )
 
 
 def reset_for_writes(data: Path, conversation_ids: list[str]) -> None:
@@ -694,6 +706,9 @@ def run(args: argparse.Namespace) -> int:
     read_seconds: dict[str, float] = {}
     write_targets: dict[str, list[str]] = {}
     row_waits: dict[str, float] = {}  # loop disk waits while each row ran (its warm-up too)
+    # A write row's batches' COMMITs (the WAL's fsync) over its recorded slices: a disk that
+    # stalls holds every write of the batch, and those queued behind it, for as long.
+    row_commits: dict[str, dict[str, Any]] = {}
     bare = None
     try:
         base = f"http://127.0.0.1:{port}"
@@ -763,6 +778,7 @@ def run(args: argparse.Namespace) -> int:
             if reset:
                 reset_for_writes(data, reset)
             load(base, paths, ids["key"], script, each)  # warm-up, not recorded
+            commits_before = commit_buckets(base) if reset else None
             for _ in range(slices):
                 theirs.append(on_cpu(bare_pid, ceiling_url, None, None, None, each))
                 if size > 2048:
@@ -785,6 +801,8 @@ def run(args: argparse.Namespace) -> int:
             waits_after = loop_disk_waits(base)
             if waits_before is not None and waits_after is not None:
                 row_waits[name] = waits_after - waits_before
+            if commits_before is not None and (commits_after := commit_buckets(base)):
+                row_commits[name] = commits_between(commits_before, commits_after)
 
         def wanted(name: str) -> bool:
             words = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -876,6 +894,8 @@ def run(args: argparse.Namespace) -> int:
         if name in write_floors:
             alone, batched = write_floors[name].values()
             floor += f"; floor {alone:.0f} us alone, {batched:.0f} us batched"
+        if name in row_commits:
+            floor += "; " + commits_text(row_commits[name])
         if "thread_cpu_us" in r and "thread_cpu_us" in ceilings[name]:
             floor += (
                 f"; serving thread {r['thread_cpu_us']:.0f} us a request (ceiling's"
@@ -988,6 +1008,7 @@ def run(args: argparse.Namespace) -> int:
             "targets": targets,
             "slice_shares": slice_shares,
             "loop_disk_waits_by_row": row_waits,
+            "commits_by_row": row_commits,
             "loop_disk_wait_functions": waited_in,
             "machine_steadiness": steadiness,
         },
