@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import resource
@@ -165,34 +166,34 @@ def daemon_metric(base: str, name: str) -> float | None:
     return None
 
 
-def commit_buckets(base: str) -> dict[str, float] | None:
-    """The daemon's ``inboxd_store_commit_seconds`` histogram: each bucket's bound (``le``, as
-    the exposition writes it) and its cumulative count of write batches' COMMITs. None where
-    this revision has none."""
+def commit_buckets(base: str) -> dict[float, float] | None:
+    """The daemon's ``inboxd_store_commit_seconds`` histogram: each bucket's bound in seconds
+    (``inf`` for ``+Inf``) and its cumulative count of write batches' COMMITs. None where this
+    revision has none."""
     return commit_buckets_in(httpx.get(f"{base}/metrics").text)
 
 
-def commit_buckets_in(exposition: str) -> dict[str, float] | None:
+def commit_buckets_in(exposition: str) -> dict[float, float] | None:
     """``commit_buckets`` read from the text of a /metrics answer."""
     found = {}
     for line in exposition.splitlines():
         if line.startswith('inboxd_store_commit_seconds_bucket{le="'):
-            found[line.split('"')[1]] = float(line.split()[-1])
+            found[float(line.split('"')[1])] = float(line.split()[-1])
     return found or None
 
 
-def commits_between(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+def commits_between(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
     """The COMMITs made between two readings of ``commit_buckets``: how many, how many took
-    over 50 and over 100 ms, and the bound under which all of them took (None: over the
-    largest bound)."""
+    over 50 and over 100 ms, and the bound within which all of them took (None: over the
+    largest bound, or no COMMIT)."""
     made = {bound: after[bound] - before.get(bound, 0.0) for bound in after}
-    count = made["+Inf"]
-    within = [float(b) for b, n in made.items() if b != "+Inf" and n == count]
+    count = made[math.inf]
+    within = [bound for bound, n in made.items() if bound < math.inf and n == count]
     return {
         "count": int(count),
-        "over_50_ms": int(count - made.get("0.05", count)),
-        "over_100_ms": int(count - made.get("0.1", count)),
-        "all_within_ms": min(within) * 1000 if within else None,
+        "over_50_ms": int(count - made[0.05]),
+        "over_100_ms": int(count - made[0.1]),
+        "all_within_ms": min(within) * 1000 if within and count else None,
     }
 
 

@@ -340,11 +340,13 @@ end
 
 def commits_text(commits: dict[str, Any]) -> str:
     """A write row's COMMITs as the table shows them."""
-    within = commits["all_within_ms"]
+    count, within = commits["count"], commits["all_within_ms"]
+    if not count:
+        return "no COMMIT"
     longest = "some over 1 s" if within is None else f"all within {within:g} ms"
     return (
-        f"its {commits['count']:,} COMMITs (fsync) {longest}, {commits['over_50_ms']} over"
-        f" 50 ms, {commits['over_100_ms']} over 100 ms"
+        f"{count:,} COMMIT{'s' if count > 1 else ''} (fsync), {longest}:"
+        f" {commits['over_50_ms']:,} over 50 ms, {commits['over_100_ms']:,} over 100 ms"
     )
 
 

@@ -33,8 +33,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from inboxd.store.durations import COMMIT_BUCKETS, Durations
+from inboxd.store.commit_times import COMMIT_BUCKETS, CommitTimes
 from inboxd.webhooks.policy import URL_STATES
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,7 +51,7 @@ class _StoreCounters(Collector):
         self.writer_starts = 0
         self.in_memory = False
         self.reads = (0, 0)  # (on the trio thread, in worker threads)
-        self.commit_times = Durations()
+        self.commit_times = CommitTimes()
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -76,7 +77,7 @@ class _StoreCounters(Collector):
             " the store (inboxd/store/warm.py).",
             value=int(self.in_memory),
         )
-        bounds = [*map(str, COMMIT_BUCKETS), "+Inf"]
+        bounds = [*map(floatToGoString, COMMIT_BUCKETS), "+Inf"]  # ("le" as the library writes it)
         cumulative, buckets = 0, []
         for bound, count in zip(bounds, self.commit_times.counts, strict=True):
             cumulative += count
@@ -84,8 +85,9 @@ class _StoreCounters(Collector):
         yield HistogramMetricFamily(
             "inboxd_store_commit_seconds",
             "The COMMIT of each batch of writes: its pages appended to the WAL and the fsync"
-            " that makes them durable; every write of the batch waits for it (a slow disk shows"
-            " here first; inboxd/store/db.py).",
+            " that makes them durable (and, before the checkpointer runs, now and then SQLite's"
+            " own checkpoint); every write of the batch waits for it: a slow disk shows here"
+            " first (inboxd/store/db.py).",
             buckets=buckets,
             sum_value=self.commit_times.total,
         )
@@ -182,13 +184,13 @@ class Metrics:
         reads: tuple[int, int],
         writer_starts: int = 0,
         in_memory: bool = False,
-        commit_times: Durations | None = None,
+        commit_times: CommitTimes | None = None,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
         self._store.reads = reads
         self._store.in_memory = in_memory
         self._store.writer_starts = writer_starts
-        self._store.commit_times = commit_times or Durations()
+        self._store.commit_times = commit_times or CommitTimes()
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))
         for state in ("filling", "ready"):

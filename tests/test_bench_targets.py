@@ -20,8 +20,8 @@ from bench.http import (
 )
 from inboxd.logs import JsonFormatter
 from inboxd.metrics import Metrics
+from inboxd.store.commit_times import CommitTimes
 from inboxd.store.db import DISK_WAIT_LOG
-from inboxd.store.durations import Durations
 
 
 def _row(rps: float, p99_ms: float) -> dict[str, float]:
@@ -196,23 +196,25 @@ def test_the_serving_threads_cpu_a_request_is_the_slices_mean_where_each_has_it(
 def test_a_write_rows_commits_are_read_from_the_daemons_histogram() -> None:
     """``bench http`` reads ``inboxd_store_commit_seconds`` as the daemon exports it, before
     and after a write row, and says how many COMMITs took over 50 and 100 ms."""
-    times = Durations()
+    times = CommitTimes()
     before = commit_buckets_in(_exposition(times).decode())
+    assert before is not None and len(before) == 12 and set(before.values()) == {0.0}
+    assert commits_text(commits_between(before, before)) == "no COMMIT"
     for seconds in (0.0004, 0.003, 0.003, 0.07, 0.3):
         times.observe(seconds)
     after = commit_buckets_in(_exposition(times).decode())
-    assert before is not None and after is not None
+    assert after is not None
     row = commits_between(before, after)
     assert row == {"count": 5, "over_50_ms": 2, "over_100_ms": 1, "all_within_ms": 500.0}
     assert commits_text(row) == (
-        "its 5 COMMITs (fsync) all within 500 ms, 2 over 50 ms, 1 over 100 ms"
+        "5 COMMITs (fsync), all within 500 ms: 2 over 50 ms, 1 over 100 ms"
     )
     times.observe(3.0)
     late = commits_between(after, commit_buckets_in(_exposition(times).decode()) or {})
-    assert late["all_within_ms"] is None and late["count"] == 1
-    assert commits_text(late).startswith("its 1 COMMITs (fsync) some over 1 s")
+    assert late == {"count": 1, "over_50_ms": 1, "over_100_ms": 1, "all_within_ms": None}
+    assert commits_text(late) == "1 COMMIT (fsync), some over 1 s: 1 over 50 ms, 1 over 100 ms"
     assert commit_buckets_in("inboxd_store_loop_disk_waits_total 0.0\n") is None  # (older)
 
 
-def _exposition(times: Durations) -> bytes:
+def _exposition(times: CommitTimes) -> bytes:
     return Metrics().exposition({}, {}, 0, 0, 0, (0, 0), commit_times=times)

@@ -51,7 +51,7 @@ async def metrics() -> Response:
         loop_disk_waits=st.store.loop_disk_waits,
         writer_starts=0 if st.store.writer_process is None else st.store.writer_process.started,
         in_memory=st.store.in_memory is True,
-        commit_times=st.store.commit_durations(),
+        commit_times=st.store.all_commit_times(),
         reads=(st.store.inline_reads, st.store.offloaded_reads),
     )
     return Response(body, content_type=CONTENT_TYPE)

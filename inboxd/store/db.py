@@ -63,7 +63,7 @@ import trio
 
 from inboxd.errors import ServiceUnavailable, StorageUnavailable, StoreError
 from inboxd.store.accounts import live_args
-from inboxd.store.durations import Durations
+from inboxd.store.commit_times import CommitTimes
 from inboxd.store.schema import MIGRATION_CHECKS, MIGRATIONS, REDONE_BY, SLOW_MIGRATIONS
 from inboxd.store.writer import Flight, WriterProcess
 
@@ -878,8 +878,8 @@ class Store:
         self.writer_process: WriterProcess | None = None
         self.offloaded_batches = 0  # batches whose writes all ran in a worker thread
         # The COMMITs of the batches run in this process (the writer process counts its own:
-        # commit_durations adds the two).
-        self.commit_times = Durations()
+        # all_commit_times adds the two).
+        self.commit_times = CommitTimes()
         self.migrated = 0  # migrations Store.open applied
         self._read_limiter = trio.CapacityLimiter(readers)
         self.commits = CommitSignal()
@@ -975,11 +975,13 @@ class Store:
         async with self._write_limiter:  # never while a batch uses the writer in a thread
             self._writer.execute(f"PRAGMA wal_autocheckpoint = {pages}")
 
-    def commit_durations(self) -> Durations:
-        """How long the write batches' COMMITs took: the writer process's and this one's."""
-        if self.writer_process is None:
-            return self.commit_times
-        return self.commit_times + self.writer_process.commit_times
+    def all_commit_times(self) -> CommitTimes:
+        """How long the write batches' COMMITs took, the writer process's and this one's (a
+        copy: a batch in a worker thread may be adding to them)."""
+        both = self.commit_times + CommitTimes()
+        if self.writer_process is not None:
+            both += self.writer_process.commit_times
+        return both
 
     def commit_stamp(self) -> object:
         """A value that differs (``!=``) after any connection commits: the writer, the CLI,
@@ -1125,8 +1127,10 @@ class Store:
             self._flight = (batch, ended, process.send_nowait(batch))
         except BaseException as exc:  # (not foreseen: nothing was sent)
             self._write_limiter.release_on_behalf_of(self._flight_token)
-            self._fail_batch(batch, exc)  # (as a batch that failed running)
-            _end(batch, ended)
+            try:
+                self._fail_batch(batch, exc)  # (as a batch that failed running)
+            finally:
+                _end(batch, ended)  # (none is left waiting, whatever happens)
             if not isinstance(exc, Exception):
                 raise
             log.exception("a batch of writes could not be sent to the writer process")

@@ -50,7 +50,7 @@ import attrs
 import trio
 
 from inboxd.errors import ServiceUnavailable, StoreError
-from inboxd.store.durations import Durations
+from inboxd.store.commit_times import CommitTimes
 
 if TYPE_CHECKING:
     from inboxd.store.db import WriteRequest
@@ -286,7 +286,7 @@ class WriterProcess:
         # the daemon's own process as it did before the writer.
         self.unavailable = False
         self.fingerprint = code_fingerprint()  # the code this daemon runs
-        self.commit_times = Durations()  # the COMMIT of each batch, as the child timed it
+        self.commit_times = CommitTimes()  # the COMMIT of each batch, as the child timed it
 
     @property
     def pid(self) -> int | None:
@@ -399,35 +399,40 @@ class WriterProcess:
                 flight.rest = frame[os.write(self._process.stdin.fileno(), frame) :]
         return flight
 
-    async def run(self, batch: list[WriteRequest]) -> bool:
+    async def run(self, batch: list[WriteRequest], *, tries: int = 2) -> bool:
         """Run ``batch`` in the child; each request gets its result or error, its journal
         events and its signals. Not cancellable midway: call it shielded. False (and nothing
-        done) if no child ever started here: the caller runs the batch itself."""
+        done) if no child ever started here: the caller runs the batch itself.
+
+        A child found gone before any of the batch reached it (it died after it was looked
+        at) did not make it: the batch goes to a new one, up to ``tries`` children in all (a
+        child that dies as it starts is not replaced for good), then fails with 503
+        ``writer_stopped``, not made. So does a batch for which no new child starts."""
         if self.unavailable:
             return False
         sent, payload = _payloads(batch)
         if not sent:
             return True
         try:
-            try:
-                process = await self._ensure()
-            except OSError as exc:
-                if self.unavailable:
-                    for r in batch:
-                        r.error = None
-                    return False
-                await self._lost_batch(sent, exc)
-                return True
-            frame = memoryview(_frame(payload))
-            if not await self._finish(Flight(process, batch, sent, frame, len(frame))):
-                # This child too was gone before any of the batch reached it (once is enough:
-                # a child that dies as it starts would otherwise be replaced for good).
-                for r in sent:
-                    r.error = ServiceUnavailable(
-                        "the store's writer stopped before the change reached it; the change"
-                        " was not made",
-                        code="writer_stopped",
-                    )
+            for _ in range(tries):
+                try:
+                    process = await self._ensure()
+                except OSError as exc:
+                    if self.unavailable:
+                        for r in batch:
+                            r.error = None
+                        return False
+                    await self._lost(exc)
+                    break
+                frame = memoryview(_frame(payload))
+                if await self._finish(Flight(process, batch, sent, frame, len(frame))):
+                    return True
+            for r in sent:  # (no child took any of it)
+                r.error = ServiceUnavailable(
+                    "the store's writer stopped before the change reached it; the change was"
+                    " not made",
+                    code="writer_stopped",
+                )
             return True
         except BaseException as exc:
             await self._lost(exc)
@@ -438,8 +443,8 @@ class WriterProcess:
         request of ``flight`` its outcome. Not cancellable midway: call it shielded.
 
         If the child was gone before any of the batch reached it (it died after ``running``
-        looked), nothing of the batch was made: it goes to a new child (``run``), as it would
-        have had the child been seen gone, and what ``run`` returns is returned."""
+        looked), nothing of the batch was made: it goes to a new child (``run``, one try), as
+        it would have had the child been seen gone, and what ``run`` returns is returned."""
         try:
             if await self._finish(flight):
                 return True
@@ -449,7 +454,7 @@ class WriterProcess:
             # journal the caller reads next is final; the next batch starts a new child.
             await self._lost(exc)
             raise
-        return await self.run(flight.batch)
+        return await self.run(flight.batch, tries=1)
 
     async def _finish(self, flight: Flight) -> bool:
         """True once each request sent has its outcome; False (no outcome set, the child

@@ -1,4 +1,4 @@
-"""Durations kept as a histogram in plain numbers: the write batches' COMMITs, counted in the
+"""How long the write batches' COMMITs took, kept as a histogram in plain numbers: counted in the
 process that made them (the writer process, or the daemon's own) and exported to ``/metrics``
 (``inboxd_store_commit_seconds``) when scraped."""
 
@@ -18,10 +18,10 @@ COMMIT_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 
 
 @attrs.define
-class Durations:
-    """How long each of a kind of step took, as a histogram: a count per bucket of
-    ``COMMIT_BUCKETS`` (the last one past them all) and the sum. Plain numbers, exported to
-    ``/metrics`` when scraped (inboxd/metrics.py)."""
+class CommitTimes:
+    """How long each COMMIT took, as a histogram: a count per bucket of ``COMMIT_BUCKETS`` (the
+    last one past them all) and the sum. Only one batch commits at a time (the store's write
+    limiter), so one observes at a time."""
 
     counts: list[int] = attrs.Factory(lambda: [0] * (len(COMMIT_BUCKETS) + 1))
     total: float = 0.0
@@ -30,6 +30,6 @@ class Durations:
         self.counts[bisect.bisect_left(COMMIT_BUCKETS, seconds)] += 1  # (a bound is "le")
         self.total += seconds
 
-    def __add__(self, other: Durations) -> Durations:
+    def __add__(self, other: CommitTimes) -> CommitTimes:
         counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
-        return Durations(counts, self.total + other.total)
+        return CommitTimes(counts, self.total + other.total)
