@@ -350,16 +350,12 @@ async def test_a_queued_write_cancelled_before_its_batch_is_never_made(
     assert sorted(d["n"] for d in committed(store)) == [-1, 2]
 
 
-async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
-    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Cancelled (the daemon stopping) with a batch in the child and writes queued behind it:
-    the batch lands, and the queued writes run in one last batch as lead_batches ends; later
-    writes lead their own."""
-    store, scope = led
+async def queued_behind_a_slow_write(
+    store: Store, queued: int, then: Callable[[], None]
+) -> dict[int, object]:
+    """A write 0.3 s long in the child, ``queued`` quick ones behind it; once all of them wait,
+    ``then()``; each quick write's outcome, once every write has returned."""
     outcomes: dict[int, object] = {}
-    sends: list[str] = []
-    note_batches(store, monkeypatch, lambda batch, how: sends.append(f"{how} {len(batch)}"))
 
     async def quick(n: int) -> None:
         outcomes[n] = await store.write(helpers.record_pid, n)
@@ -368,13 +364,31 @@ async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
             await trio.testing.wait_all_tasks_blocked()
-            for n in range(3):
+            for n in range(queued):
                 nursery.start_soon(quick, n)
             await trio.testing.wait_all_tasks_blocked()
-            before = store.batches
-            scope.cancel()
+            then()
+    return outcomes
+
+
+async def test_lead_batches_stopping_lands_its_batch_and_runs_the_writes_queued(
+    led: tuple[Store, trio.CancelScope], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled (the daemon stopping) with a batch in the child and writes queued behind it:
+    the batch lands, and the queued writes run in one last batch as lead_batches ends; later
+    writes lead their own."""
+    store, scope = led
+    sends: list[str] = []
+    note_batches(store, monkeypatch, lambda batch, how: sends.append(f"{how} {len(batch)}"))
+    before = []
+
+    def stop() -> None:
+        before.append(store.batches)
+        scope.cancel()
+
+    outcomes = await queued_behind_a_slow_write(store, 3, stop)
     assert sends == ["sent 1", "run 3"]  # the three not sent by the loop, but together...
-    assert store.batches - before == 1  # ...in the last batch, taken once cancelled
+    assert store.batches - before[0] == 1  # ...in the last batch, taken once cancelled
     assert sorted(outcomes) == [0, 1, 2]
     assert not store._leading
     assert await store.write(helpers.record_pid, 3) == store.writer_process.pid  # type: ignore[union-attr]
@@ -679,23 +693,16 @@ async def test_a_journal_listener_that_raises_in_the_last_batch_leaves_lead_batc
     """The same in the last batch, as lead_batches stops: logged, not raised into the daemon's
     stop; the writes have their results, and later writes lead their own."""
     store, scope = led
-    outcomes: dict[int, object] = {}
 
     def fails(appended: list[Appended]) -> None:
         raise RuntimeError("a listener's bug")
 
-    async def quick(n: int) -> None:
-        outcomes[n] = await store.write(helpers.record_pid, n)
+    def stop() -> None:
+        store.add_journal_listener(fails)
+        scope.cancel()
 
-    with trio.fail_after(10), caplog.at_level(logging.ERROR, logger="inboxd.store"):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.write, helpers.sleep_then_record, 0.3)
-            await trio.testing.wait_all_tasks_blocked()
-            for n in range(2):
-                nursery.start_soon(quick, n)
-            await trio.testing.wait_all_tasks_blocked()
-            store.add_journal_listener(fails)
-            scope.cancel()
+    with caplog.at_level(logging.ERROR, logger="inboxd.store"):
+        outcomes = await queued_behind_a_slow_write(store, 2, stop)
     store._journal_listeners.remove(fails)
     assert caplog.text.count("a batch of writes failed past its writes") == 2
     assert outcomes == {n: store.writer_process.pid for n in range(2)}  # type: ignore[union-attr]

@@ -387,7 +387,7 @@ class WriterProcess:
         to other tasks; ``finish`` then waits for its answer. Call it holding the writer, and
         with no other batch in flight. Whatever of the frame the pipe did not take at once
         (a batch past 64 KiB, or all of it if writing failed: the child is gone) ``finish``
-        sends first, or fails the batch with the error that writing it raises again."""
+        sends first (and a batch none of which went, to a child gone, to a new child)."""
         assert self._process is not None
         sent, payload = _payloads(batch)
         frame = memoryview(_frame(payload) if sent else b"")
