@@ -642,9 +642,10 @@ def write_floor_us(
         reset_for_writes(data, targets)
 
 
-def disk_wait_functions(log: bytes) -> list[str]:
-    """The functions named by the daemon's log lines for its loop disk waits, in order (one
-    line a JSON object; other lines are passed over)."""
+def disk_waits_logged(log: bytes) -> list[tuple[str, int | None]]:
+    """The daemon's log lines for its loop disk waits, in order (one line a JSON object; other
+    lines are passed over): the function each names, and the trio thread's major page faults
+    by then (None from a revision that did not log them)."""
     out = []
     for line in log.splitlines():
         try:
@@ -652,7 +653,8 @@ def disk_wait_functions(log: bytes) -> list[str]:
         except ValueError:
             continue
         if isinstance(entry, dict) and entry.get("msg") == DISK_WAIT_LOG:
-            out.append(str(entry.get("function")))
+            faults = entry.get("major_faults")
+            out.append((str(entry.get("function")), faults if isinstance(faults, int) else None))
     return out
 
 
@@ -834,7 +836,7 @@ def run(args: argparse.Namespace) -> int:
                 bare.wait(15)
         finally:
             daemon_log.seek(0)
-            waited_in = disk_wait_functions(daemon_log.read())
+            waited_in = disk_waits_logged(daemon_log.read())
             daemon_log.close()
     floors = {name: floor_us(data, ids, *spec) for name, _, spec in reads if name in results}
     write_floors = {
@@ -936,11 +938,16 @@ def run(args: argparse.Namespace) -> int:
             outside = waits - sum(row_waits.values())
             if outside:
                 during.append(f"{outside:.0f} outside the rows (start-up, between rows)")
-            named = Counter(waited_in)
+            named = Counter(function for function, _ in waited_in)
             if named:
                 during.append(
                     "in " + "; ".join(f"{f} x{n}" if n > 1 else f for f, n in named.items())
                 )
+            # Whether each was a page of code (or of a mapped file) brought back in: the trio
+            # thread's major page faults moved by then; else a read of the store's files.
+            faults = [str(n) for _, n in waited_in if n is not None]
+            if faults:
+                during.append(f"the trio thread's major page faults by each: {', '.join(faults)}")
             if len(waited_in) < waits:
                 during.append(f"{waits - len(waited_in):.0f} not named (logged at info)")
             where += f" ({', '.join(during)})"
@@ -1011,7 +1018,8 @@ def run(args: argparse.Namespace) -> int:
             "slice_shares": slice_shares,
             "loop_disk_waits_by_row": row_waits,
             "commits_by_row": row_commits,
-            "loop_disk_wait_functions": waited_in,
+            "loop_disk_wait_functions": [function for function, _ in waited_in],
+            "loop_disk_wait_major_faults": [faults for _, faults in waited_in],
             "machine_steadiness": steadiness,
         },
     )

@@ -565,6 +565,9 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
         cold_read.__qualname__,
         8,
     )
+    # With the trio thread's major page faults so far (a page of code brought back in from the
+    # device would move them; a read of the store's file does not): getrusage's own count.
+    assert 0 <= waited.major_faults <= db.thread_major_faults()  # type: ignore[attr-defined]
     # Its next reads warm the pages up in a worker thread, never on the loop.
     assert await store.read(cold_read) == 10
     assert ran_on[1] != loop_thread and store.loop_disk_waits == 1
@@ -579,13 +582,16 @@ async def test_a_read_that_waited_for_the_disk_sends_its_kind_to_threads(
         device.bump(2)
         return count_to(conn, 3)
 
+    store.major_faults = lambda: 7  # as the count stands when the wait is noted
     assert await store.read(cold_count) == 3 and store.loop_disk_waits == 2
     warned = [
         r
         for r in caplog.records
         if r.levelno == logging.WARNING and r.getMessage() == "the trio thread waited for the disk"
     ]
-    assert [r.function for r in warned] == [cold_count.__qualname__]  # type: ignore[attr-defined]
+    assert [(r.function, r.major_faults) for r in warned] == [  # type: ignore[attr-defined]
+        (cold_count.__qualname__, 7)
+    ]
 
 
 async def test_while_the_store_is_being_read_in_no_read_or_write_runs_on_the_loop(

@@ -143,6 +143,12 @@ def thread_disk_reads() -> int:
     return resource.getrusage(_RUSAGE_THREAD).ru_inblock
 
 
+def thread_major_faults() -> int:
+    """Major page faults the calling thread has taken so far: pages of a mapped file (code of a
+    library, say) that it touched while they were out of memory, and waited for the device."""
+    return resource.getrusage(_RUSAGE_THREAD).ru_majflt
+
+
 def db_path(data_dir: Path) -> Path:
     return data_dir / DB_FILE
 
@@ -848,6 +854,7 @@ class Store:
         # Inline reads and writes that read from the device (the loop waited for the disk).
         self.loop_disk_waits = 0
         self.disk_reads: Callable[[], int] = thread_disk_reads  # tests replace it
+        self.major_faults: Callable[[], int] = thread_major_faults  # and this
         # The trio thread's count as the last inline read or write ended: the next one's
         # "before", so each takes one reading (getrusage) instead of two. A block read by
         # anything else on the thread in between (rare: nothing else there reads files) is put
@@ -1463,7 +1470,9 @@ class Store:
         self._inline_backoff[kind] = time.monotonic() + INLINE_BACKOFF_SECONDS
         # (at most once a function a second, by the backoff.) Where the warm-up child holds the
         # store in memory none should happen: a warning, naming what it was. Where the store is
-        # not held (too large, or warm_cache off) they are expected, and info.
+        # not held (too large, or warm_cache off) they are expected, and info. With the trio
+        # thread's major page faults so far: if they did not move since the last wait, this
+        # one was a read of a file (the store's), not a page of code brought back in.
         log.log(
             logging.WARNING if self.in_memory else logging.INFO,
             DISK_WAIT_LOG,
@@ -1473,6 +1482,7 @@ class Store:
                 or getattr(kind, "name", None)
                 or repr(kind),
                 "blocks": blocks_after - blocks_before,
+                "major_faults": self.major_faults(),
                 "in_memory": self.in_memory,
                 "to_threads_for_seconds": INLINE_BACKOFF_SECONDS,
             },
