@@ -47,22 +47,41 @@ def seed(tmp_path: Path) -> Seed:
     return seed_store(tmp_path / "data")
 
 
+@contextlib.asynccontextmanager
+async def child_writing(
+    seed: Seed, *, lead: bool, start_child: bool = False
+) -> AsyncIterator[tuple[Store, trio.CancelScope]]:
+    """The seed's store writing through its child (started first with ``start_child``; else the
+    first batch starts it); with ``lead``, ``lead_batches`` running as in the daemon until the
+    scope yielded is cancelled (or the block ends)."""
+    s = Store.open(seed.data_dir, readers=1)
+    s.writer_process = WriterProcess(s.path)
+    try:
+        if start_child:
+            await s.writer_process.start()
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+            if lead:
+
+                async def lead_batches() -> None:
+                    with scope:
+                        await s.lead_batches()
+
+                nursery.start_soon(lead_batches)
+                await trio.testing.wait_all_tasks_blocked()  # (it runs before the first write)
+            yield s, scope
+            scope.cancel()
+    finally:
+        await s.writer_process.aclose()
+        s.close()
+
+
 @pytest.fixture(params=["lead_batches", "leaders"])
 async def store(seed: Seed, request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     """The store writing through its child, its batches taken by ``lead_batches`` as in the
     daemon, or by the writes themselves (each test runs both ways)."""
-    s = Store.open(seed.data_dir, readers=1)
-    s.writer_process = WriterProcess(s.path)
-    try:
-        async with trio.open_nursery() as nursery:
-            if request.param == "lead_batches":
-                nursery.start_soon(s.lead_batches)
-                await trio.testing.wait_all_tasks_blocked()  # (it runs before the first write)
-            yield s
-            nursery.cancel_scope.cancel()
-    finally:
-        await s.writer_process.aclose()
-        s.close()
+    async with child_writing(seed, lead=request.param == "lead_batches") as (s, _):
+        yield s
 
 
 def committed(store: Store) -> list[dict[str, int]]:
@@ -194,24 +213,8 @@ async def test_a_batch_and_an_answer_larger_than_the_pipe_go_through(store: Stor
 async def led(seed: Seed) -> AsyncIterator[tuple[Store, trio.CancelScope]]:
     """A store writing through its child with ``lead_batches`` running, its child started, and
     the scope that stops ``lead_batches``."""
-    s = Store.open(seed.data_dir, readers=1)
-    s.writer_process = WriterProcess(s.path)
-    try:
-        await s.writer_process.start()
-        async with trio.open_nursery() as nursery:
-            scope = trio.CancelScope()
-
-            async def lead() -> None:
-                with scope:
-                    await s.lead_batches()
-
-            nursery.start_soon(lead)
-            await trio.testing.wait_all_tasks_blocked()
-            yield s, scope
-            scope.cancel()
-    finally:
-        await s.writer_process.aclose()
-        s.close()
+    async with child_writing(seed, lead=True, start_child=True) as pair:
+        yield pair
 
 
 def note_batches(
