@@ -398,21 +398,26 @@ async def test_key_cache_survives_other_commits_and_sees_access_changes(tmp_path
             return await real_read(fn, *args)
 
         store.read = counting_read  # type: ignore[method-assign]
-        assert cache.cached(hash_api_key(seed.bob_key)) is None  # nothing cached yet
+        assert cache.cached(cache.digest(seed.bob_key)) is None  # nothing cached yet
         first = await cache.lookup(seed.bob_key)
         again = await cache.lookup(seed.bob_key)
         assert first is not None and again == first
         assert lookups == 1  # the second lookup came from the cache
+        # Entries are named by BLAKE2b keyed with the cache's own secret: the same name for the
+        # same key, not the SHA-256 the store keeps, and another cache's names differ.
+        assert cache.digest(seed.bob_key) == cache.digest(seed.bob_key)
+        assert cache.digest(seed.bob_key) != hash_api_key(seed.bob_key)
+        assert cache.digest(seed.bob_key) != KeyCache(store).digest(seed.bob_key)
         assert (
-            cache.cached(hash_api_key(seed.bob_key)) == first
+            cache.cached(cache.digest(seed.bob_key)) == first
         )  # the requests' path: no store, no await
         # A commit that touches no key, user or access (here: an event) keeps the cache, but
         # the sync path cannot know that without reading the store: it says "ask lookup".
         other.write_sync(append_event, 1, False)
-        assert cache.cached(hash_api_key(seed.bob_key)) is None
+        assert cache.cached(cache.digest(seed.bob_key)) is None
         assert await cache.lookup(seed.bob_key) == first
         assert lookups == 1
-        assert cache.cached(hash_api_key(seed.bob_key)) == first
+        assert cache.cached(cache.digest(seed.bob_key)) == first
         # Channel access changes from another process: the principal is read again.
         ann = await cache.lookup(seed.ann_key)
         assert ann is not None and ann.channel_pks is not None and len(ann.channel_pks) == 2
@@ -434,13 +439,13 @@ async def test_key_cache_survives_other_commits_and_sees_access_changes(tmp_path
         )
         # (The access change emptied the cache: bob's principal is read again, then cached.)
         assert await cache.lookup(seed.bob_key) == first and lookups == 4
-        assert cache.cached(hash_api_key(seed.bob_key)) == first
+        assert cache.cached(cache.digest(seed.bob_key)) == first
         other.write_sync(accounts.revoke_key, other.read_sync(accounts.the_account_pk), key_id, 1)
         assert (
-            cache.cached(hash_api_key(seed.bob_key)) is None
+            cache.cached(cache.digest(seed.bob_key)) is None
         )  # a commit since: never the stale principal
         assert await cache.lookup(seed.bob_key) is None  # revoked: asked the store again
-        assert cache.cached(hash_api_key(seed.bob_key)) is None
+        assert cache.cached(cache.digest(seed.bob_key)) is None
         assert lookups == 5
         assert await cache.lookup("ibx_unknown") is None
     finally:
