@@ -1004,3 +1004,75 @@ def test_the_request_length_is_werkzeugs(
     assert theirs_asked == ["content-length"]
     sent = any(name == b"content-length" for name, _ in headers)
     assert ours_asked == (["content-length"] if sent else [])
+
+
+_ADAPTER_FIELDS = (
+    "server_name",
+    "script_name",
+    "subdomain",
+    "url_scheme",
+    "path_info",
+    "default_method",
+    "query_args",
+    "websocket",
+)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "host", "method", "path", "query"),
+    [
+        ("http", "127.0.0.1:8080", "GET", "/api/v1/inbox/conversations/conv_1", b""),
+        ("http", "Inbox.Example.COM", "PATCH", "/api/v1/inbox/conversations/c/title", b"a=1"),
+        ("http", "inbox.example:80", "GET", "/healthz", b""),  # (the default port: dropped)
+        ("https", "inbox.example:443", "POST", "/api/v1/inbox/conversations/c/read", b""),
+        ("http", "[::1]:9000", "GET", "/api/v1/inbox/conversations", b"limit=5&status=OPEN"),
+        ("http", "bücher.example", "GET", "/readyz", b""),  # (werkzeug takes no such host)
+        ("ws", "inbox.example:8080", "GET", "/api/v1/inbox/feed", b"since=0"),
+        ("http", "a..b", "GET", "/healthz", b""),  # not a host name: refused
+        ("http", "", "GET", "/healthz", b""),  # no Host header
+    ],
+)
+def test_the_url_adapter_is_quarts(
+    scheme: str, host: str, method: str, path: str, query: bytes, tmp_path: Any
+) -> None:
+    """The app remembers the host name werkzeug binds each Host to: the adapter it makes, the
+    first time and from what it remembered, is the one Quart's own path makes, field by field
+    (and a host that is not a host name is refused both times)."""
+    from quart_trio.wrappers import TrioRequest
+    from werkzeug.datastructures import Headers
+    from werkzeug.routing import MapAdapter
+
+    from inboxd.api.app import InboxApp, _RefusedHost
+
+    app = InboxApp("adapter-test")
+
+    def request() -> TrioRequest:
+        headers = Headers([("Host", host)] if host else [])
+        scope: Any = {"type": "http", "headers": []}
+        return TrioRequest(
+            method,
+            scheme,
+            path,
+            query,
+            headers,
+            "",
+            "1.1",
+            scope,
+            send_push_promise=lambda *a: None,
+        )
+
+    def fields(adapter: Any) -> Any:
+        if isinstance(adapter, _RefusedHost):
+            return "refused"
+        assert isinstance(adapter, MapAdapter)
+        return {name: getattr(adapter, name) for name in _ADAPTER_FIELDS}
+
+    quarts = fields(app._quart_url_adapter(request()))
+    first = fields(app.create_url_adapter(request()))
+    remembered = fields(app.create_url_adapter(request()))
+    assert first == remembered == quarts
+    assert list(app._bound_hosts) == [(scheme, request().host)]
+    if host == "Inbox.Example.COM":
+        assert quarts["server_name"] == "inbox.example.com"
+    if host == "a..b":
+        assert quarts == "refused"
