@@ -1006,6 +1006,39 @@ def test_the_request_length_is_werkzeugs(
     assert ours_asked == (["content-length"] if sent else [])
 
 
+def _adapter_request(
+    method: str, scheme: str, path: str, query: bytes, host: str, root_path: str = ""
+) -> Any:
+    from quart_trio.wrappers import TrioRequest
+    from werkzeug.datastructures import Headers
+
+    headers = Headers([("Host", host)] if host else [])
+    scope: Any = {"type": "http", "headers": []}
+    return TrioRequest(
+        method,
+        scheme,
+        path,
+        query,
+        headers,
+        root_path,
+        "1.1",
+        scope,
+        send_push_promise=lambda *a: None,
+    )
+
+
+def fields(adapter: Any) -> Any:
+    """A URL adapter's fields ("refused": the app's adapter of a bad host)."""
+    from werkzeug.routing import MapAdapter
+
+    from inboxd.api.app import _RefusedHost
+
+    if isinstance(adapter, _RefusedHost):
+        return "refused"
+    assert isinstance(adapter, MapAdapter)
+    return {name: getattr(adapter, name) for name in _ADAPTER_FIELDS}
+
+
 _ADAPTER_FIELDS = (
     "server_name",
     "script_name",
@@ -1033,39 +1066,17 @@ _ADAPTER_FIELDS = (
     ],
 )
 def test_the_url_adapter_is_quarts(
-    scheme: str, host: str, method: str, path: str, query: bytes, tmp_path: Any
+    scheme: str, host: str, method: str, path: str, query: bytes
 ) -> None:
     """The app remembers the host name werkzeug binds each Host to: the adapter it makes, the
     first time and from what it remembered, is the one Quart's own path makes, field by field
     (and a host that is not a host name is refused both times)."""
-    from quart_trio.wrappers import TrioRequest
-    from werkzeug.datastructures import Headers
-    from werkzeug.routing import MapAdapter
-
-    from inboxd.api.app import InboxApp, _RefusedHost
+    from inboxd.api.app import InboxApp
 
     app = InboxApp("adapter-test")
 
-    def request() -> TrioRequest:
-        headers = Headers([("Host", host)] if host else [])
-        scope: Any = {"type": "http", "headers": []}
-        return TrioRequest(
-            method,
-            scheme,
-            path,
-            query,
-            headers,
-            "",
-            "1.1",
-            scope,
-            send_push_promise=lambda *a: None,
-        )
-
-    def fields(adapter: Any) -> Any:
-        if isinstance(adapter, _RefusedHost):
-            return "refused"
-        assert isinstance(adapter, MapAdapter)
-        return {name: getattr(adapter, name) for name in _ADAPTER_FIELDS}
+    def request() -> Any:
+        return _adapter_request(method, scheme, path, query, host)
 
     quarts = fields(app._quart_url_adapter(request()))
     first = fields(app.create_url_adapter(request()))
@@ -1076,3 +1087,40 @@ def test_the_url_adapter_is_quarts(
         assert quarts["server_name"] == "inbox.example.com"
     if host == "a..b":
         assert quarts == "refused"
+
+
+def test_the_remembered_hosts_are_bounded_and_routing_set_up_otherwise_is_quarts() -> None:
+    """At most MAX_BOUND_HOSTS remembered (then it starts afresh), none longer than a host name
+    can be; a root path is the request's own; with a SERVER_NAME (or subdomains) nothing is
+    remembered and Quart's own path answers."""
+    from inboxd.api import app as app_module
+
+    app = app_module.InboxApp("adapter-test")
+
+    def adapter(host: str, root_path: str = "") -> Any:
+        return app.create_url_adapter(
+            _adapter_request("GET", "http", "/healthz", b"", host, root_path)
+        )
+
+    for n in range(app_module.MAX_BOUND_HOSTS):
+        adapter(f"h{n}.example")
+    assert len(app._bound_hosts) == app_module.MAX_BOUND_HOSTS
+    adapter("one-more.example")
+    assert list(app._bound_hosts) == [("http", "one-more.example")]
+    # A name of valid labels but longer than a host name: bound, and not kept.
+    long = ".".join(["a" * 60] * 10)
+    assert fields(adapter(long))["server_name"] == long
+    assert ("http", long) not in app._bound_hosts
+    # Behind a root path, remembered or not, the adapter is Quart's.
+    first, again = adapter("one-more.example", "/inbox"), adapter("one-more.example", "/inbox")
+    quarts = app._quart_url_adapter(
+        _adapter_request("GET", "http", "/healthz", b"", "one-more.example", "/inbox")
+    )
+    assert fields(first) == fields(again) == fields(quarts)
+    assert fields(again)["script_name"] == "/inbox/"
+    # Routing set up otherwise: Quart's own path, nothing remembered.
+    other = app_module.InboxApp("adapter-test-2")
+    other.config["SERVER_NAME"] = "inbox.example"
+    request = _adapter_request("GET", "http", "/healthz", b"", "inbox.example")
+    assert fields(other.create_url_adapter(request)) == fields(other._quart_url_adapter(request))
+    assert other._bound_hosts == {}

@@ -374,6 +374,15 @@ class InboxRequest(TrioRequest):
 _BLUEPRINT_CHAINS: dict[str | None, tuple[str, ...]] = {}
 
 
+# The Host headers whose bound name InboxApp remembers: at most this many (then it starts
+# afresh), each at most this long (a DNS name is at most 253 characters, and a port): a client
+# chooses the header, and werkzeug takes a name of any length made of valid labels.
+MAX_BOUND_HOSTS: Final = 256
+MAX_BOUND_HOST_LENGTH: Final = 260
+# Not remembered yet (None in InboxApp._bound_hosts is a host refused).
+_UNBOUND: Final[Any] = object()
+
+
 class InboxApp(QuartTrio):
     """The daemon's quart-trio app: Quart's, with each HTTP request timed, counted in the
     metrics and written to the access log around Quart's whole handling of it.
@@ -424,6 +433,7 @@ class InboxApp(QuartTrio):
             or self.config["SERVER_NAME"] is not None
             or self.subdomain_matching
             or self.url_map.host_matching
+            or self.url_map.default_subdomain
         ):
             return self._quart_url_adapter(request)
         scheme = request.scheme
@@ -431,11 +441,12 @@ class InboxApp(QuartTrio):
         name = self._bound_hosts.get(host, _UNBOUND)
         if name is _UNBOUND:
             adapter = self._quart_url_adapter(request)
-            if len(self._bound_hosts) >= MAX_BOUND_HOSTS:  # (clients choose the header)
-                self._bound_hosts.clear()
-            self._bound_hosts[host] = (
-                adapter.server_name if isinstance(adapter, MapAdapter) else None
-            )
+            if len(host[1]) <= MAX_BOUND_HOST_LENGTH:  # (not a long made-up one)
+                if len(self._bound_hosts) >= MAX_BOUND_HOSTS:  # (clients choose the header)
+                    self._bound_hosts.clear()
+                self._bound_hosts[host] = (
+                    adapter.server_name if isinstance(adapter, MapAdapter) else None
+                )
             return adapter
         if name is None:
             return cast(MapAdapter, _RefusedHost())
@@ -491,10 +502,6 @@ class InboxApp(QuartTrio):
                     "ms": round(took * 1000, 2),
                 },
             )
-
-
-MAX_BOUND_HOSTS: Final = 256
-_UNBOUND: Final[Any] = object()
 
 
 class _RefusedHost:

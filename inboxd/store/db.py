@@ -1471,8 +1471,10 @@ class Store:
         # (at most once a function a second, by the backoff.) Where the warm-up child holds the
         # store in memory none should happen: a warning, naming what it was. Where the store is
         # not held (too large, or warm_cache off) they are expected, and info. With the trio
-        # thread's major page faults so far: if they did not move since the last wait, this
-        # one was a read of a file (the store's), not a page of code brought back in.
+        # thread's major page faults so far (start-up's too): if they are 0, or did not move
+        # since the line before, this wait was a read of a file, not a page of code or of a
+        # mapped file (the -shm) brought back in. A total, not this read's own: its "before"
+        # would cost every inline read a second getrusage.
         log.log(
             logging.WARNING if self.in_memory else logging.INFO,
             DISK_WAIT_LOG,
