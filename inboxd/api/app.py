@@ -117,9 +117,9 @@ class KeyCache:
     Entries are found by the key's ``digest``: BLAKE2b keyed with a secret of this cache's own,
     not the SHA-256 the store keeps (``ids.hash_api_key``, computed only when the store is
     asked). No key is kept in the clear; and SHA-256 goes through OpenSSL 3's provider
-    machinery on every call, which served cost each request about 5-7 us more than BLAKE2b
-    (in-process, by hand: 0.4 us either way in a loop, but the request's other work leaves
-    OpenSSL's code and tables out of the CPU's caches).
+    machinery on every call: 0.4 us in a loop either way, but a few microseconds more than
+    BLAKE2b in a request, whose other work leaves OpenSSL's code and tables out of the CPU's
+    caches (``bench app`` prints read one both ways).
     """
 
     MAX_ENTRIES: Final = 10_000
@@ -418,9 +418,10 @@ class InboxApp(QuartTrio):
         """Quart's, with the host name it binds remembered per Host, and bad hosts refused.
 
         Binding the URL map IDNA-encodes the request's host with Python's ``idna`` codec, pure
-        Python, and Quart normalises the host twice first: by hand, in-process, read one cost
-        about 8 us less with the name remembered (a Host header is the same from request to
-        request). The adapter is the one werkzeug's ``Map.bind`` makes (the test compares them
+        Python, and Quart normalises the host twice first: a few microseconds of every
+        request, saved by remembering the name (a Host header is the same from request to
+        request; ``bench app`` prints read one both ways). The adapter is the one werkzeug's
+        ``Map.bind`` makes (the test compares them
         field by field); where this app's routing is set up otherwise (a ``SERVER_NAME``, host
         or subdomain matching) Quart's own path is taken.
 
