@@ -4,20 +4,53 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any, Final
 
+import orjson
+
 from inboxd.errors import StorageUnavailable
 
 _STANDARD: Final = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+# A line's encoder where orjson refuses a value (text with a lone surrogate, an integer past 64
+# bits, a key that is not text): the standard library's, made once (``json.dumps`` with these
+# arguments makes one a call). Non-ASCII text as it is; what JSON has no form for, as its str.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str)
+# The last second a line was stamped in, and its "YYYY-MM-DDTHH:MM:SS" (one tuple, so that a
+# thread logging meanwhile reads a matching pair).
+_second: tuple[int, str] = (-1, "")
+
+
+def _stamp(created: float, msecs: int) -> str:
+    """``created`` (time.time()) as a line's "time": UTC to the millisecond, as
+    ``2026-11-22T01:16:19.123Z``; the date and time of day made once a second."""
+    global _second
+    whole = int(created)
+    second, text = _second
+    if second != whole:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    return f"{text}.{msecs:03d}Z"
+
+
+def _line(out: dict[str, Any]) -> bytes:
+    """One log line's JSON, as UTF-8 (without its newline)."""
+    try:
+        return orjson.dumps(out, default=str)
+    except orjson.JSONEncodeError:
+        return _ENCODER.encode(out).encode("utf-8", "backslashreplace")
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        return self.line(record).decode()
+
+    def line(self, record: logging.LogRecord) -> bytes:
+        """The record's line (without its newline), as UTF-8."""
         out: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "time": _stamp(record.created, int(record.msecs)),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -28,12 +61,117 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return _line(out)
+
+
+class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The daemon's one handler (``setup``): each record as a line of JSON in UTF-8, written
+    to the stream's file descriptor in one ``write`` (after anything the stream itself holds);
+    and ``write_line``, for a line made without a record (``log_request``). A stream with no
+    descriptor (a test's StringIO) gets the line as text."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.setFormatter(JsonFormatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            formatter = self.formatter
+            if isinstance(formatter, JsonFormatter):
+                line = formatter.line(record)
+            else:
+                line = self.format(record).encode("utf-8", "backslashreplace")
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+            return
+        self._write(line, record)
+
+    def write_line(self, line: bytes) -> None:
+        """Write ``line`` (JSON, UTF-8, no newline) as ``emit`` writes a record's, under the
+        lock ``handle`` takes for ``emit``."""
+        with self.lock:  # type: ignore[union-attr]  # (made by Handler.__init__)
+            self._write(line, None)
+
+    def _write(self, line: bytes, record: logging.LogRecord | None) -> None:
+        try:
+            stream = self.stream
+            try:
+                fd = stream.fileno()
+            except (AttributeError, OSError, ValueError):
+                stream.write(line.decode() + self.terminator)
+                self.flush()
+                return
+            stream.flush()  # (what another writer left in it goes first)
+            data = line + b"\n"
+            written = os.write(fd, data)
+            while written < len(data):  # (a signal, or a pipe taking part of it)
+                data = data[written:]
+                written = os.write(fd, data)
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record or logging.makeLogRecord({"msg": line.decode()}))
+
+
+def log_request(logger: logging.Logger, fields: dict[str, Any]) -> None:
+    """Log "request" at info with ``fields`` as its ``extra``: the access log's line of each
+    HTTP request. The caller has checked ``logger.isEnabledFor(logging.INFO)``.
+
+    Where the daemon's own handler is the only one the record would reach, and no filter could
+    stop it, the line ``JsonFormatter`` would make of that record is made and written
+    directly, without the record, the walk through the handlers and their lock. At the default
+    level (info) logging's machinery cost each request more of the trio thread than anything
+    else of inboxd's own (bench/HISTORY.md, thirty-seventh session). Otherwise (a test
+    capturing records, another handler added) the record is logged as any other."""
+    handler = _sole_handler(logger)
+    if handler is None:
+        logger.info("request", extra=fields)
+        return
+    created = time.time()
+    msecs = int((created - int(created)) * 1000)  # (as logging.LogRecord reckons it)
+    handler.write_line(
+        _line(
+            {
+                "time": _stamp(created, msecs),
+                "level": "info",
+                "logger": logger.name,
+                "msg": "request",
+                **fields,
+            }
+        )
+    )
+
+
+def _sole_handler(logger: logging.Logger) -> JsonLinesHandler | None:
+    """The handler that alone gets ``logger``'s info records as they are: a ``JsonLinesHandler``
+    with its own formatter and no filter, the only handler on the way up to the root (or to a
+    logger that does not propagate). None where anything else is set up, or nothing is. (Of
+    the loggers, only the record's own applies its filters.)"""
+    if logger.disabled or logger.filters:
+        return None
+    found: JsonLinesHandler | None = None
+    node: logging.Logger | None = logger
+    while node is not None:
+        for handler in node.handlers:
+            if (
+                found is not None
+                or type(handler) is not JsonLinesHandler
+                or handler.filters
+                or handler.level > logging.INFO
+                or type(handler.formatter) is not JsonFormatter
+            ):
+                return None
+            found = handler
+        if not node.propagate:
+            break
+        node = node.parent
+    return found
 
 
 def setup(level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler = JsonLinesHandler(sys.stderr)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
 
 from inboxd import logs
 from inboxd.errors import StorageUnavailable
-from inboxd.logs import log_failure
+from inboxd.logs import JsonFormatter, log_failure
 from tests.conftest import Seed
 
 # HTTP/2 with prior knowledge (h2c), which hypercorn serves on the API's own port; from another
@@ -50,7 +53,7 @@ async def test_an_http2_request_does_not_log_its_api_key_at_debug(
     )
     assert done.stdout.decode().split() == ["HTTP/2", "200"]
     lines = debug_log.getvalue().splitlines()
-    assert any('"logger": "inboxd.access"' in line for line in lines)  # the log is captured
+    assert any(json.loads(line)["logger"] == "inboxd.access" for line in lines)  # it is captured
     assert [line for line in lines if seeded.owner_key in line] == []
 
 
@@ -77,3 +80,134 @@ def test_a_retrying_task_s_failure_is_logged_with_its_traceback_unless_the_disk_
     )
     assert quiet.__dict__["url"] == 7
     assert loud.levelname == "ERROR" and loud.exc_info is not None and loud.__dict__["url"] == 8
+
+
+# -- the access log's direct line (logs.log_request) ---------------------------------------------
+
+FIELDS = {"method": "PATCH", "path": "/api/v1/inbox/conversations/conv_x/title", "status": 200}
+
+
+@pytest.fixture
+def sole(tmp_path: Path) -> Iterator[tuple[logs.JsonLinesHandler, Path]]:
+    """The daemon's handler on a file, on the root logger as `logs.setup` leaves it (a test
+    calls ``alone`` first: pytest adds its capture handler once the call starts)."""
+    path = tmp_path / "stderr"
+    with path.open("w") as stream:
+        handler = logs.JsonLinesHandler(stream)
+        root = logging.getLogger()
+        saved = root.handlers[:]
+
+        root.handlers[:] = [handler]
+        try:
+            yield handler, path
+        finally:
+            root.handlers[:] = saved
+
+
+def alone(handler: logs.JsonLinesHandler) -> None:
+    """Leave ``handler`` the root's only one (pytest's capture, added as the call started,
+    taken away until the fixture's teardown puts back what was there before)."""
+    logging.getLogger().handlers[:] = [handler]
+
+
+def test_the_access_line_written_directly_is_the_line_of_its_record(
+    sole: tuple[logs.JsonLinesHandler, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """log_request skips the LogRecord where the daemon's handler alone would get it: the line
+    must be the one JsonFormatter makes of that record, byte for byte."""
+    handler, path = sole
+    alone(handler)
+    monkeypatch.setattr(time, "time", lambda: 1_764_400_000.25)  # 2025-11-29T07:06:40.250Z
+    access = logging.getLogger("inboxd.access")
+    assert logs._sole_handler(access) is handler
+    logs.log_request(access, {**FIELDS, "ms": 0.42, "text": "é ✓ 日本"})
+    record = access.makeRecord(
+        access.name, logging.INFO, "x.py", 1, "request", None, None,
+        extra={**FIELDS, "ms": 0.42, "text": "é ✓ 日本"},
+    )  # fmt: skip
+    written = path.read_bytes()
+    assert written == JsonFormatter().format(record).encode() + b"\n"
+    assert json.loads(written) == {
+        "time": "2025-11-29T07:06:40.250Z",
+        "level": "info",
+        "logger": "inboxd.access",
+        "msg": "request",
+        **FIELDS,
+        "ms": 0.42,
+        "text": "é ✓ 日本",
+    }
+
+
+def test_with_another_handler_the_access_log_makes_its_record(
+    sole: tuple[logs.JsonLinesHandler, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler besides the daemon's (here pytest's capture), a filter, or none of ours: the
+    record is logged as any other, and each handler gets it."""
+    handler, path = sole
+    alone(handler)
+    caplog.set_level(logging.INFO, logger="inboxd.access")
+    access = logging.getLogger("inboxd.access")
+    logging.getLogger().addHandler(caplog.handler)
+    assert logs._sole_handler(access) is None
+    logs.log_request(access, dict(FIELDS))
+    (record,) = [r for r in caplog.records if r.name == "inboxd.access"]
+    assert (record.getMessage(), record.__dict__["status"]) == ("request", 200)
+    assert json.loads(path.read_bytes())["path"] == FIELDS["path"]
+    logging.getLogger().removeHandler(caplog.handler)
+    assert logs._sole_handler(access) is handler
+    access.addFilter(lambda record: False)
+    try:
+        assert logs._sole_handler(access) is None
+        logs.log_request(access, dict(FIELDS))  # filtered out: nothing written
+    finally:
+        access.filters.clear()
+    assert len(path.read_bytes().splitlines()) == 1
+    handler.setLevel(logging.WARNING)
+    assert logs._sole_handler(access) is None
+    handler.setLevel(logging.NOTSET)
+    quiet = logging.getLogger("inboxd.quiet.child")
+    logging.getLogger("inboxd.quiet").propagate = False
+    try:
+        assert logs._sole_handler(quiet) is None  # no handler reached at all
+    finally:
+        logging.getLogger("inboxd.quiet").propagate = True
+
+
+def test_a_line_goes_after_what_the_stream_held_and_in_one_piece(
+    sole: tuple[logs.JsonLinesHandler, Path],
+) -> None:
+    """Lines are written to the descriptor, past the stream's buffer: what another writer
+    left in it (text without its newline yet) is flushed first, so the order holds."""
+    handler, path = sole
+    alone(handler)
+    handler.stream.write("a traceback's first part ")
+    handler.write_line(b'{"msg":"x"}')
+    logging.getLogger("inboxd.test").warning("after", extra={"n": 1})
+    lines = path.read_text().splitlines()
+    assert lines[0] == 'a traceback\'s first part {"msg":"x"}'
+    assert json.loads(lines[1])["msg"] == "after" and json.loads(lines[1])["n"] == 1
+
+
+def test_what_orjson_refuses_is_written_by_the_standard_encoder(
+    sole: tuple[logs.JsonLinesHandler, Path],
+) -> None:
+    """A lone surrogate (a path's undecodable byte, say) or an integer past 64 bits: the line
+    is still one valid JSON object, in UTF-8."""
+    handler, path = sole
+    alone(handler)
+    access = logging.getLogger("inboxd.access")
+    assert logs._sole_handler(access) is handler
+    logs.log_request(access, {"path": "/a\udc80b", "n": 2**70})
+    logging.getLogger("inboxd.test").warning("odd", extra={"text": "\ud800", "key": {1: 2}})
+    first, second = (json.loads(line) for line in path.read_bytes().splitlines())
+    assert (first["path"], first["n"]) == ("/a\udc80b", 2**70)
+    assert (second["text"], second["key"]) == ("\ud800", {"1": 2})
+
+
+def test_a_stream_without_a_descriptor_gets_the_line_as_text() -> None:
+    stream = io.StringIO()
+    handler = logs.JsonLinesHandler(stream)
+    handler.write_line(b'{"msg":"\xc3\xa9"}')
+    handler.emit(logging.makeLogRecord({"name": "inboxd.test", "msg": "b", "levelno": 30}))
+    first, second = stream.getvalue().splitlines()
+    assert first == '{"msg":"é"}' and json.loads(second)["msg"] == "b"

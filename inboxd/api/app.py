@@ -46,7 +46,7 @@ from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.errors import Forbidden, InboxError, InvalidRequest, RateLimited, Unauthorized
 from inboxd.feed import FeedHub
-from inboxd.logs import log_failure
+from inboxd.logs import log_failure, log_request
 from inboxd.metrics import Metrics
 from inboxd.model import Principal
 from inboxd.store import accounts, idempotency
@@ -494,9 +494,9 @@ class InboxApp(QuartTrio):
             route, method, status, took
         )
         if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "request",
-                extra={
+            log_request(
+                access_log,
+                {
                     "method": request.method,
                     "path": request.path,
                     "status": status,
