@@ -14,7 +14,10 @@ store's read of one conversation and the key cache's hit alone, the first list p
 store as the route reads it and as it read it before the twentieth session (two statements),
 and its rows' stored JSON read and encoded as bytes (since the twelfth session) and as text
 (before it); and read one as it was served before the thirty-sixth session (its key found in
-the key cache by SHA-256, the URL map bound by Quart's own path), beside read one as it is.
+the key cache by SHA-256, the URL map bound by Quart's own path), beside read one as it is;
+and read one with its access-log line written to a file, as the daemon does at the default log
+level (``bench http`` runs it at warning, without), and that line made through a LogRecord and
+the standard library's JSON as before the thirty-seventh session.
 
 The store is only read (GET requests; the key's lastUsedAt stays in memory), unless
 ``--writes``: then four more rows call with 32 requests in flight at once, as ``bench http``'s
@@ -28,7 +31,10 @@ and add a SYSTEM message and an event for each.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sqlite3
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,9 +47,11 @@ from quart import Blueprint
 from bench.bare import app as bare
 from bench.common import report
 from bench.http import pick
+from inboxd.api import app as app_module
 from inboxd.api.app import AppState, authenticate, create_app
 from inboxd.config import Config
 from inboxd.ids import hash_api_key
+from inboxd.logs import JsonLinesHandler, log_request
 from inboxd.model import Principal
 from inboxd.store import conversations
 from inboxd.store.db import Store
@@ -55,6 +63,10 @@ AT_ONCE = 32  # requests in flight in the --writes rows, as bench http's connect
 BARE_GET_AT_ONCE = f"{AT_ONCE} at once: the bare app's GET (1 KB JSON)"
 BY_SHA256 = "read one, the key cache found by SHA-256 (before the thirty-sixth session)"
 BOUND_BY_QUART = "read one, the URL map bound by Quart's path (before the thirty-sixth session)"
+LOGGED = "read one, its access-log line written to a file (log level info, the default)"
+LOGGED_BY_RECORD = (
+    "read one, that line made through a LogRecord (before the thirty-seventh session)"
+)
 _KB_OF_JSON = {"items": [{"id": f"item_{i:04d}", "name": "x" * 20} for i in range(19)]}
 
 
@@ -93,6 +105,11 @@ def _scope(
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, float]:
+    with tempfile.TemporaryFile("w") as log_file:  # the daemon's stderr, for the access log
+        return await _measure_logging_to(args, log_file)
+
+
+async def _measure_logging_to(args: argparse.Namespace, log_file: Any) -> dict[str, float]:
     data = Path(args.data)
     ids = pick(data)
     config = Config.load(None, {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0"})
@@ -199,6 +216,42 @@ async def _measure(args: argparse.Namespace) -> dict[str, float]:
 
         timed[BY_SHA256] = before(state.keys, "digest", hash_api_key)
         timed[BOUND_BY_QUART] = before(app, "create_url_adapter", app._quart_url_adapter)
+
+        # Read one with its access-log line, as the daemon at the default log level writes it
+        # (a JsonLinesHandler on its stderr, here a file), and as it was written before the
+        # thirty-seventh session (a LogRecord through logging's StreamHandler, formatted by the
+        # standard library's json): for the call, the app module's access logger is another,
+        # at info, with that handler alone.
+        def access_logger(name: str, handler: logging.Handler) -> logging.Logger:
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+            logger.handlers[:] = [handler]
+            return logger
+
+        before_handler = logging.StreamHandler(log_file)
+        before_handler.setFormatter(_JsonFormatterBefore())
+        loggers = {
+            LOGGED: (access_logger("bench.app.access", JsonLinesHandler(log_file)), log_request),
+            LOGGED_BY_RECORD: (
+                access_logger("bench.app.access_before", before_handler),
+                _by_record,
+            ),
+        }
+        quiet = app_module.access_log
+
+        def logged(name: str) -> Callable[[], Awaitable[Any]]:
+            async def read_one_logged() -> None:
+                app_module.access_log, app_module.log_request = loggers[name]
+                try:
+                    await call(routes["read one"])
+                finally:
+                    app_module.access_log, app_module.log_request = quiet, log_request
+
+            return read_one_logged
+
+        timed[LOGGED] = logged(LOGGED)
+        timed[LOGGED_BY_RECORD] = logged(LOGGED_BY_RECORD)
         timed["the store's read of one conversation, alone"] = read_one
         timed["the key's hash and the key cache's hit (KeyCache.cached), alone"] = lookup
         # The first list page at the store, as the route reads it (one statement, since the
@@ -297,6 +350,32 @@ def _at_once(
     }
 
 
+def _by_record(logger: logging.Logger, fields: dict[str, Any]) -> None:
+    logger.info("request", extra=fields)
+
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+
+
+class _JsonFormatterBefore(logging.Formatter):
+    """inboxd.logs.JsonFormatter as it was before the thirty-seventh session."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
 def _page_pks(conn: sqlite3.Connection, who: Principal, q: conversations.ListQuery) -> list[int]:
     """The page's pks, from the keys' query the route runs (it asks one more than the page)."""
     query = conversations._page_keys_sql(conn, who, q)
@@ -338,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
         note = "" if plain else f"{value - base:+.1f} us"
         if not plain and name.startswith(f"{AT_ONCE} at once"):
             note = f"{value - us[BARE_GET_AT_ONCE]:+.1f} us beside the bare GET, {AT_ONCE} at once"
-        if name in (BY_SHA256, BOUND_BY_QUART):
+        if name in (BY_SHA256, BOUND_BY_QUART, LOGGED, LOGGED_BY_RECORD):
             note = f"{value - us['read one']:+.1f} us beside read one"
         rows.append((name, f"{value:.1f}", note))
     report("app", rows, {"args": vars(args), "us": us})
