@@ -17,6 +17,10 @@ the daemon's changes to hypercorn) does to the ceiling itself. With it, every ot
 prints each version's share of its own ceiling (the baseline's estimated as that row's ceiling
 over the ceiling row's after / before).
 
+Both daemons run at log level warning, as ``bench http`` runs its daemon (no access log), unless
+``--log-level`` says otherwise: at info, the default, each writes its access log's line a request
+(each daemon's log to a file of its own).
+
 The store given must be one the baseline understands (its schema or older): both copies are
 made from it, and each daemon migrates its own. Needs wrk and git; the copies need free disk.
 """
@@ -45,6 +49,7 @@ from bench.http import (
     run_python,
     run_wrk,
 )
+from inboxd.config import LOG_LEVELS
 
 ROWS = ("list", "list-channel", "read", "counts", "history", "title", "assignee", "ceiling")
 # Not in the default rows: "ceiling" loads each version's own bare app (bench/bare.py, from the
@@ -62,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--slices", type=int, default=6, help="slices per version and row (6)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per slice (3)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=LOG_LEVELS,
+        help="both daemons' log.level (warning: no access log, as bench http runs them; info,"
+        " the default, writes a line a request), their logs each to a file of its own",
+    )
 
 
 def _copy_store(source: Path, target: Path) -> None:
@@ -157,11 +169,13 @@ def run(args: argparse.Namespace) -> int:
         # on a machine that pages out what is idle (The machine, in BENCHMARKS.md). Without
         # it the copies went cold between rows, and the rows measured the disk. A baseline
         # from before that child has neither.
-        env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"}
+        env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": args.log_level}
         for who in ("before", "after"):
             command = ["-m", "inboxd", "serve", "--data", str(stores[who])]
             command += ["--bind", f"127.0.0.1:{ports[who]}"]
-            daemons[who] = start(command, env, cwd=baseline_src if who == "before" else ROOT)
+            log = cleanup.enter_context(tempfile.TemporaryFile())  # (a daemon's stderr)
+            cwd = baseline_src if who == "before" else ROOT
+            daemons[who] = start(command, env, cwd=cwd, log=log)
             # A migration on a big store can take minutes: wait for it.
             wait_http(f"http://127.0.0.1:{ports[who]}/readyz", timeout=1800, process=daemons[who])
         daemons["bare"] = start(["-m", "bench.bare", str(ports["bare"])])

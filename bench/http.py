@@ -16,6 +16,9 @@ the table also shows the median of those ceilings. Beside each write, the bare a
 a PATCH whose small JSON body it reads and parses: what the framework alone makes of a write;
 beside each read whose answer is over 2 KB, the bare app sends that many bytes of JSON: what the
 framework (and wrk, on the same cores) make of a response that large.
+
+The daemon runs at log level warning, so without its access log, unless ``--log-level`` says
+otherwise: at info, the default, it also writes a line a request (to a file here).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from bench.common import (
     timed,
 )
 from bench.feed import free_port, start, wait_http
+from inboxd.config import LOG_LEVELS
 from inboxd.store import accounts, actions, conversations, messages, shards
 from inboxd.store.db import (
     DISK_WAIT_LOG,
@@ -211,6 +215,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=3.0,
         help="bench machine's idle probe before and after the rows, seconds (3; 0: none)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=LOG_LEVELS,
+        help="the daemon's log.level (warning, as in BENCHMARKS.md's runs: no access log;"
+        " info, the default, writes a line a request)",
     )
 
 
@@ -693,12 +704,13 @@ def run(args: argparse.Namespace) -> int:
     # Start-up on this store: from launching the process until /readyz answers (imports,
     # opening and migrating the store, the supervisors and deliverers started).
     launched = time.perf_counter()
-    # The daemon's log (warnings up), kept so that a loop disk wait can say what it was: a wait
-    # is a warning where the store is held in memory (as it is here), info where it is not.
+    # The daemon's log (warnings up, unless --log-level), kept so that a loop disk wait can say
+    # what it was: a wait is a warning where the store is held in memory (as it is here), info
+    # where it is not.
     daemon_log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally, with the daemon)
     daemon = start(
         ["-m", "inboxd", "serve", "--data", str(data), "--bind", f"127.0.0.1:{port}"],
-        {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": "warning"},
+        {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": args.log_level},
         log=daemon_log,
     )
     results: dict[str, dict[str, Any]] = {}
@@ -869,6 +881,13 @@ def run(args: argparse.Namespace) -> int:
             "start-up until /readyz",
             f"{startup:.2f} s",
             mark("start-up until /readyz"),
+        ),
+        (
+            "the daemon's log level",
+            args.log_level,
+            "an access-log line a request (the default level)"
+            if args.log_level in ("debug", "info")
+            else "no access log (the default, info, writes a line a request: --log-level info)",
         ),
     ]
     for name, r in results.items():
