@@ -51,7 +51,7 @@ from inboxd.api import app as app_module
 from inboxd.api.app import AppState, authenticate, create_app
 from inboxd.config import Config
 from inboxd.ids import hash_api_key
-from inboxd.logs import JsonLinesHandler, log_request
+from inboxd.logs import JsonFormatter, JsonLinesHandler, log_request
 from inboxd.model import Principal
 from inboxd.store import conversations
 from inboxd.store.db import Store
@@ -354,25 +354,16 @@ def _by_record(logger: logging.Logger, fields: dict[str, Any]) -> None:
     logger.info("request", extra=fields)
 
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
-
-
-class _JsonFormatterBefore(logging.Formatter):
-    """inboxd.logs.JsonFormatter as it was before the thirty-seventh session."""
+class _JsonFormatterBefore(JsonFormatter):
+    """inboxd.logs.JsonFormatter as it wrote before the thirty-seventh session: the standard
+    library's json (a new encoder a call), the date and time made for every line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        out = self.fields(record)
+        out["time"] = (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z"
+        )
         return json.dumps(out, default=str, ensure_ascii=False)
 
 

@@ -49,6 +49,10 @@ class JsonFormatter(logging.Formatter):
 
     def line(self, record: logging.LogRecord) -> bytes:
         """The record's line (without its newline), as UTF-8."""
+        return _line(self.fields(record))
+
+    def fields(self, record: logging.LogRecord) -> dict[str, Any]:
+        """What the record's line holds, in its order."""
         out: dict[str, Any] = {
             "time": _stamp(record.created, int(record.msecs)),
             "level": record.levelname.lower(),
@@ -61,7 +65,7 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return _line(out)
+        return out
 
 
 class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
