@@ -16,8 +16,9 @@ from inboxd.errors import StorageUnavailable
 _STANDARD: Final = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
 # A line's encoder where orjson refuses a value (text with a lone surrogate, an integer past 64
 # bits, a key that is not text): the standard library's, made once (``json.dumps`` with these
-# arguments makes one a call). Non-ASCII text as it is; what JSON has no form for, as its str.
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str)
+# arguments makes one a call), as compact. Non-ASCII text as it is; what JSON has no form for,
+# as its str.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str, separators=(",", ":"))
 # The last second a line was stamped in, and its "YYYY-MM-DDTHH:MM:SS" (one tuple, so that a
 # thread logging meanwhile reads a matching pair).
 _second: tuple[int, str] = (-1, "")
@@ -81,7 +82,7 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def emit(self, record: logging.LogRecord) -> None:
         try:
             formatter = self.formatter
-            if isinstance(formatter, JsonFormatter):
+            if type(formatter) is JsonFormatter:  # (a subclass may format otherwise)
                 line = formatter.line(record)
             else:
                 line = self.format(record).encode("utf-8", "backslashreplace")
@@ -108,7 +109,7 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.flush()
                 return
             stream.flush()  # (what another writer left in it goes first)
-            data = line + b"\n"
+            data = line + self.terminator.encode()
             written = os.write(fd, data)
             while written < len(data):  # (a signal, or a pipe taking part of it)
                 data = data[written:]
@@ -121,7 +122,9 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 def log_request(logger: logging.Logger, fields: dict[str, Any]) -> None:
     """Log "request" at info with ``fields`` as its ``extra``: the access log's line of each
-    HTTP request. The caller has checked ``logger.isEnabledFor(logging.INFO)``.
+    HTTP request. The caller has checked ``logger.isEnabledFor(logging.INFO)``; ``fields``'
+    names are ones a record may take as ``extra`` (none of its own attributes, no leading
+    underscore).
 
     Where the daemon's own handler is the only one the record would reach, and no filter could
     stop it, the line ``JsonFormatter`` would make of that record is made and written
@@ -130,30 +133,39 @@ def log_request(logger: logging.Logger, fields: dict[str, Any]) -> None:
     else of inboxd's own (bench/HISTORY.md, thirty-seventh session). Otherwise (a test
     capturing records, another handler added) the record is logged as any other."""
     handler = _sole_handler(logger)
-    if handler is None:
-        logger.info("request", extra=fields)
-        return
-    created = time.time()
-    msecs = int((created - int(created)) * 1000)  # (as logging.LogRecord reckons it)
-    handler.write_line(
-        _line(
-            {
-                "time": _stamp(created, msecs),
-                "level": "info",
-                "logger": logger.name,
-                "msg": "request",
-                **fields,
-            }
-        )
-    )
+    if handler is not None:
+        created = time.time()
+        msecs = int((created - int(created)) * 1000)  # (as logging.LogRecord reckons it)
+        try:
+            line = _line(
+                {
+                    "time": _stamp(created, msecs),
+                    "level": "info",
+                    "logger": logger.name,
+                    "msg": "request",
+                    **fields,
+                }
+            )
+        except Exception:  # (what even the standard library cannot encode: as a record)
+            pass
+        else:
+            handler.write_line(line)
+            return
+    logger.info("request", extra=fields)
 
 
 def _sole_handler(logger: logging.Logger) -> JsonLinesHandler | None:
     """The handler that alone gets ``logger``'s info records as they are: a ``JsonLinesHandler``
     with its own formatter and no filter, the only handler on the way up to the root (or to a
-    logger that does not propagate). None where anything else is set up, or nothing is. (Of
-    the loggers, only the record's own applies its filters.)"""
-    if logger.disabled or logger.filters:
+    logger that does not propagate). None where anything else is set up (a record factory or
+    a logger class of its own too), or nothing is. (Of the loggers, only the record's own
+    applies its filters.)"""
+    if (
+        logger.disabled
+        or logger.filters
+        or type(logger) is not logging.Logger  # (one that handles records its own way)
+        or logging.getLogRecordFactory() is not logging.LogRecord  # (records with more in them)
+    ):
         return None
     found: JsonLinesHandler | None = None
     node: logging.Logger | None = logger

@@ -117,14 +117,23 @@ def test_the_access_line_written_directly_is_the_line_of_its_record(
     must be the one JsonFormatter makes of that record, byte for byte."""
     handler, path = sole
     alone(handler)
-    monkeypatch.setattr(time, "time", lambda: 1_764_400_000.25)  # 2025-11-29T07:06:40.250Z
+    # 2025-11-29T07:06:40.250Z (Python 3.13's LogRecord reads time_ns, earlier ones time)
+    monkeypatch.setattr(time, "time", lambda: 1_764_400_000.25)
+    monkeypatch.setattr(time, "time_ns", lambda: 1_764_400_000_250_000_000)
     access = logging.getLogger("inboxd.access")
     assert logs._sole_handler(access) is handler
+
+    def no_record(*args: object, **kwargs: object) -> logging.LogRecord:
+        raise AssertionError("the access log made a LogRecord")
+
+    monkeypatch.setattr(access, "makeRecord", no_record)
     logs.log_request(access, {**FIELDS, "ms": 0.42, "text": "é ✓ 日本"})
+    monkeypatch.undo()
     record = access.makeRecord(
         access.name, logging.INFO, "x.py", 1, "request", None, None,
         extra={**FIELDS, "ms": 0.42, "text": "é ✓ 日本"},
     )  # fmt: skip
+    record.created, record.msecs = 1_764_400_000.25, 250.0  # (the clock given back)
     written = path.read_bytes()
     assert written == JsonFormatter().format(record).encode() + b"\n"
     assert json.loads(written) == {
@@ -163,14 +172,23 @@ def test_with_another_handler_the_access_log_makes_its_record(
         access.filters.clear()
     assert len(path.read_bytes().splitlines()) == 1
     handler.setLevel(logging.WARNING)
-    assert logs._sole_handler(access) is None
-    handler.setLevel(logging.NOTSET)
-    quiet = logging.getLogger("inboxd.quiet.child")
-    logging.getLogger("inboxd.quiet").propagate = False
+    try:
+        assert logs._sole_handler(access) is None
+    finally:
+        handler.setLevel(logging.NOTSET)
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(lambda *args, **kwargs: factory(*args, **kwargs))
+    try:
+        assert logs._sole_handler(access) is None  # records made otherwise: as records
+    finally:
+        logging.setLogRecordFactory(factory)
+    quiet = logging.getLogger("inboxd.test.quiet.child")
+    logging.getLogger("inboxd.test.quiet").propagate = False
     try:
         assert logs._sole_handler(quiet) is None  # no handler reached at all
     finally:
-        logging.getLogger("inboxd.quiet").propagate = True
+        logging.getLogger("inboxd.test.quiet").propagate = True
+    assert logs._sole_handler(access) is handler
 
 
 def test_a_line_goes_after_what_the_stream_held_and_in_one_piece(
@@ -199,7 +217,9 @@ def test_what_orjson_refuses_is_written_by_the_standard_encoder(
     assert logs._sole_handler(access) is handler
     logs.log_request(access, {"path": "/a\udc80b", "n": 2**70})
     logging.getLogger("inboxd.test").warning("odd", extra={"text": "\ud800", "key": {1: 2}})
-    first, second = (json.loads(line) for line in path.read_bytes().splitlines())
+    lines = path.read_bytes().splitlines()
+    assert all(b'", "' not in line and b'": ' not in line for line in lines)  # compact all the same
+    first, second = (json.loads(line) for line in lines)
     assert (first["path"], first["n"]) == ("/a\udc80b", 2**70)
     assert (second["text"], second["key"]) == ("\ud800", {"1": 2})
 
@@ -208,6 +228,11 @@ def test_a_stream_without_a_descriptor_gets_the_line_as_text() -> None:
     stream = io.StringIO()
     handler = logs.JsonLinesHandler(stream)
     handler.write_line(b'{"msg":"\xc3\xa9"}')
-    handler.emit(logging.makeLogRecord({"name": "inboxd.test", "msg": "b", "levelno": 30}))
+    handler.emit(
+        logging.makeLogRecord(
+            {"name": "inboxd.test", "msg": "b", "levelno": 30, "levelname": "WARNING"}
+        )
+    )
     first, second = stream.getvalue().splitlines()
-    assert first == '{"msg":"é"}' and json.loads(second)["msg"] == "b"
+    assert first == '{"msg":"é"}'
+    assert (json.loads(second)["msg"], json.loads(second)["level"]) == ("b", "warning")
