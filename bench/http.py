@@ -885,7 +885,8 @@ def run(args: argparse.Namespace) -> int:
         (
             "the daemon's log level",
             args.log_level,
-            "an access-log line a request (the default level)"
+            "an access-log line a request"
+            + (" (the default level)" if args.log_level == "info" else "")
             if args.log_level in ("debug", "info")
             else "no access log (the default, info, writes a line a request: --log-level info)",
         ),

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -182,6 +183,15 @@ def test_with_another_handler_the_access_log_makes_its_record(
         assert logs._sole_handler(access) is None  # records made otherwise: as records
     finally:
         logging.setLogRecordFactory(factory)
+
+    class Own(logging.Logger):  # a logger class of one's own (it may handle records its way)
+        pass
+
+    own = Own("inboxd.test.own")
+    own.handlers[:] = [handler]
+    assert logs._sole_handler(own) is None
+    own.__class__ = logging.Logger
+    assert logs._sole_handler(own) is handler
     quiet = logging.getLogger("inboxd.test.quiet.child")
     logging.getLogger("inboxd.test.quiet").propagate = False
     try:
@@ -236,3 +246,25 @@ def test_a_stream_without_a_descriptor_gets_the_line_as_text() -> None:
     first, second = stream.getvalue().splitlines()
     assert first == '{"msg":"é"}'
     assert (json.loads(second)["msg"], json.loads(second)["level"]) == ("b", "warning")
+
+
+def test_a_line_that_cannot_be_encoded_does_not_fail_its_request(
+    sole: tuple[logs.JsonLinesHandler, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A field neither encoder takes (a list that holds itself): log_request hands the record to
+    logging, whose handler reports the error its way; the request goes on, and the next line is
+    written as usual."""
+    handler, path = sole
+    alone(handler)
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # (logging's report to stderr)
+    access = logging.getLogger("inboxd.access")
+    access.setLevel(logging.INFO)
+    try:
+        circular: list[Any] = []
+        circular.append(circular)
+        logs.log_request(access, {"path": "/x", "odd": circular})
+        logs.log_request(access, dict(FIELDS))
+    finally:
+        access.setLevel(logging.NOTSET)
+    (line,) = path.read_bytes().splitlines()
+    assert json.loads(line)["path"] == FIELDS["path"]
