@@ -197,7 +197,13 @@ def ceiling_over_too(targets: list[dict[str, Any]]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a store made by 'python -m bench generate'")
-    p.add_argument("--seconds", type=float, default=10.0, help="load per endpoint (10)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=24.0,
+        help="load per endpoint, in slices of about 3 s, each beside a slice of the ceiling (24:"
+        " eight slices; BENCHMARKS.md, How to run, says why so many)",
+    )
     p.add_argument("--driver", choices=["auto", "wrk", "python"], default="auto")
     p.add_argument(
         "--only",
