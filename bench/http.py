@@ -92,6 +92,27 @@ def telling(value: float, limit: float, digits: int = 1, most: int = 4) -> int:
     return digits
 
 
+def standard_error(shares: list[float]) -> float | None:
+    """How far a row's share may be off from its slices' noise alone: the standard error of
+    the mean of its slices' shares (each slice's requests over the ceiling slice's beside it;
+    the slices are of equal length). None for fewer than two slices. Printed beside the share
+    as points, so that a share a point or two from its line can be read as what it is
+    (BENCHMARKS.md, How to run: the runs' shares of a row spread about as much as this says)."""
+    if len(shares) < 2:
+        return None
+    mean = sum(shares) / len(shares)
+    variance = sum((x - mean) ** 2 for x in shares) / (len(shares) - 1)
+    return math.sqrt(variance / len(shares))
+
+
+def slices_text(shares: list[float]) -> str:
+    """The row's slices as its table shows them: their range and the standard error."""
+    error = standard_error(shares)
+    if error is None:
+        return ""
+    return f" (slices {min(shares):.0%}-{max(shares):.0%}; +-{error * 100:.1f} points)"
+
+
 def _verdict(
     figure: str, value: float, shown: str, target: str, met: bool, **beside: object
 ) -> dict[str, Any]:
@@ -881,7 +902,11 @@ def run(args: argparse.Namespace) -> int:
 
     median = sorted(c["rps"] for c in ceilings.values())[len(ceilings) // 2] if ceilings else 0.0
     rows = [
-        ("endpoint", "req/s  p50 / p99 ms", "ceiling before it; share (its slices); store floor"),
+        (
+            "endpoint",
+            "req/s  p50 / p99 ms",
+            "ceiling before it; share (its slices; the standard error); store floor",
+        ),
         ("ceiling (median)", f"{median:,.0f}", ""),
         (
             "start-up until /readyz",
@@ -903,8 +928,7 @@ def run(args: argparse.Namespace) -> int:
         held = by_figure.get(f"{name}: share of the ceiling")
         shown = held["shown"] if held else f"{r['rps'] / ceiling:.1%}"
         share = f"{ceiling:,.0f}; {shown}"
-        if len(slice_shares.get(name, ())) > 1:
-            share += f" (slices {min(slice_shares[name]):.0%}-{max(slice_shares[name]):.0%})"
+        share += slices_text(slice_shares.get(name, []))
         floor = f"; floor {floors[name]:.0f} us" if name in floors else ""
         errors = f"; {r['non_2xx']:.0f} non-2xx" if r["non_2xx"] else ""
         if share_target(name) is not None:
@@ -1042,6 +1066,9 @@ def run(args: argparse.Namespace) -> int:
             "read_through_seconds": read_seconds,
             "targets": targets,
             "slice_shares": slice_shares,
+            "share_standard_errors": {
+                name: standard_error(shares) for name, shares in slice_shares.items()
+            },
             "loop_disk_waits_by_row": row_waits,
             "commits_by_row": row_commits,
             "loop_disk_wait_functions": [function for function, _ in waited_in],

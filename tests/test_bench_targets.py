@@ -15,6 +15,8 @@ from bench.http import (
     disk_waits_logged,
     percentile_ms,
     share_target,
+    slices_text,
+    standard_error,
     telling,
     verdicts,
 )
@@ -219,3 +221,22 @@ def test_a_write_rows_commits_are_read_from_the_daemons_histogram() -> None:
 
 def _exposition(times: CommitTimes) -> bytes:
     return Metrics().exposition({}, {}, 0, 0, 0, (0, 0), commit_times=times)
+
+
+def test_a_share_is_shown_with_its_slices_standard_error() -> None:
+    # Four slices at 70, 74, 78 and 82 %: mean 76 %, sample sd 5.164 points, so the standard
+    # error of their mean is 5.164 / 2 = 2.58 points.
+    shares = [0.70, 0.74, 0.78, 0.82]
+    error = standard_error(shares)
+    assert error is not None
+    assert abs(error - 0.025820) < 1e-6
+    assert slices_text(shares) == " (slices 70%-82%; +-2.6 points)"
+    # Twice the slices with the same spread: about 0.7 times the error (sqrt(3 / 7) here, the
+    # sample's n - 1 being 7 against 3).
+    doubled = standard_error(shares * 2)
+    assert doubled is not None and abs(doubled / error - (3 / 7) ** 0.5) < 1e-9
+    # Equal slices: no error; one slice: nothing to tell.
+    equal = standard_error([0.8, 0.8, 0.8])
+    assert equal is not None and equal < 1e-12
+    assert standard_error([0.8]) is None
+    assert slices_text([0.8]) == ""
