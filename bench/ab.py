@@ -38,7 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import baseline_worktree, loop_disk_waits, report, thread_cpu_seconds
+from bench.common import (
+    add_log_level,
+    baseline_worktree,
+    loop_disk_waits,
+    report,
+    thread_cpu_seconds,
+)
 from bench.feed import ROOT, free_port, start, wait_http
 from bench.http import (
     LUA_BARE_PATCH,
@@ -49,7 +55,6 @@ from bench.http import (
     run_python,
     run_wrk,
 )
-from inboxd.config import LOG_LEVELS
 
 ROWS = ("list", "list-channel", "read", "counts", "history", "title", "assignee", "ceiling")
 # Not in the default rows: "ceiling" loads each version's own bare app (bench/bare.py, from the
@@ -67,13 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--slices", type=int, default=6, help="slices per version and row (6)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per slice (3)")
-    p.add_argument(
-        "--log-level",
-        default="warning",
-        choices=LOG_LEVELS,
-        help="both daemons' log.level (warning: no access log, as bench http runs them; info,"
-        " the default, writes a line a request), their logs each to a file of its own",
-    )
+    add_log_level(p, "both daemons'")  # (each logs to a file of its own)
 
 
 def _copy_store(source: Path, target: Path) -> None:

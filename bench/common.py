@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from inboxd.config import LOG_LEVELS
 from inboxd.store import shards, tidy
 from inboxd.store.db import Store, db_path, run_in_transaction
 from inboxd.store.warm import meminfo
@@ -37,6 +39,19 @@ def baseline_worktree(revision: str, where: Path) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT)
+
+
+def add_log_level(p: argparse.ArgumentParser, whose: str) -> None:
+    """``--log-level`` of the scripts that start inboxd daemons: warning unless given, so that
+    the figures leave out the access log that the daemon's default level (info) writes a line a
+    request (BENCHMARKS.md, How to run)."""
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=LOG_LEVELS,
+        help=f"{whose} log.level (warning here unless given: no access log; info, the daemon's"
+        " default, writes a line a request)",
+    )
 
 
 def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:

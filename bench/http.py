@@ -29,6 +29,7 @@ import math
 import re
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import tempfile
 import time
@@ -41,6 +42,7 @@ import httpx
 
 from bench import machine
 from bench.common import (
+    add_log_level,
     commit_buckets,
     commits_between,
     daemon_metric,
@@ -51,7 +53,6 @@ from bench.common import (
     timed,
 )
 from bench.feed import free_port, start, wait_http
-from inboxd.config import LOG_LEVELS
 from inboxd.store import accounts, actions, conversations, messages, shards
 from inboxd.store.db import (
     DISK_WAIT_LOG,
@@ -100,9 +101,7 @@ def standard_error(shares: list[float]) -> float | None:
     (BENCHMARKS.md, How to run: the runs' shares of a row spread about as much as this says)."""
     if len(shares) < 2:
         return None
-    mean = sum(shares) / len(shares)
-    variance = sum((x - mean) ** 2 for x in shares) / (len(shares) - 1)
-    return math.sqrt(variance / len(shares))
+    return statistics.stdev(shares) / math.sqrt(len(shares))
 
 
 def slices_text(shares: list[float]) -> str:
@@ -243,13 +242,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=3.0,
         help="bench machine's idle probe before and after the rows, seconds (3; 0: none)",
     )
-    p.add_argument(
-        "--log-level",
-        default="warning",
-        choices=LOG_LEVELS,
-        help="the daemon's log.level (warning, as in BENCHMARKS.md's runs: no access log;"
-        " info, the default, writes a line a request)",
-    )
+    add_log_level(p, "the daemon's")
 
 
 def pick(data: Path) -> dict[str, Any]:
