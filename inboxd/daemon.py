@@ -11,7 +11,8 @@
         ├── page cache warm-up at start, when the store fits         (store/warm.py)
         ├── search upkeep, hourly: large channels' own indexes,      (store/shards.py)
         │   search indexes' b-trees merged                           (store/tidy.py)
-        └── housekeeping: lastUsedAt in batches, old Idempotency-Keys
+        ├── housekeeping: lastUsedAt in batches, old Idempotency-Keys
+        └── the access log's lines, held and written 50 ms at a time (logs.py)
 
 ``run`` reports the bound URLs through ``task_status`` once the API accepts connections, and returns
 after ``shutdown`` is set: hypercorn stops accepting, lets in-flight requests finish (at most
@@ -46,7 +47,7 @@ from inboxd.clock import Clock, SystemClock
 from inboxd.config import Config
 from inboxd.errors import StoreError
 from inboxd.feed import FeedHub
-from inboxd.logs import log_failure
+from inboxd.logs import hold_access_lines, log_failure
 from inboxd.mailer import Mailer
 from inboxd.store import accounts, events, idempotency, shards, tidy, warm, webhooks
 from inboxd.store.db import Store
@@ -370,6 +371,7 @@ async def _run(
             if store.writer_process is not None:  # it imports while the rest starts
                 nursery.start_soon(store.writer_process.start)
             nursery.start_soon(store.lead_batches)
+            nursery.start_soon(hold_access_lines)
 
             async def serve_api(
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,

@@ -5,14 +5,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from inboxd import logs
 from inboxd.errors import StorageUnavailable
@@ -268,3 +271,150 @@ def test_a_line_that_cannot_be_encoded_does_not_fail_its_request(
         access.setLevel(logging.NOTSET)
     (line,) = path.read_bytes().splitlines()
     assert json.loads(line)["path"] == FIELDS["path"]
+
+
+# -- the access log's lines held while the daemon runs (logs.hold_access_lines) -------------------
+
+
+def access_line(n: int) -> None:
+    logs.log_request(logging.getLogger("inboxd.access"), {**FIELDS, "n": n})
+
+
+def written(path: Path) -> list[Any]:
+    return [json.loads(line) for line in path.read_bytes().splitlines()]
+
+
+@pytest.fixture
+def counted_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the handler's ``write`` calls (logs.py's ``os.write``)."""
+    sizes: list[int] = []
+
+    def write(fd: int, data: bytes) -> int:
+        sizes.append(len(data))
+        return os.write(fd, data)
+
+    monkeypatch.setattr(logs, "os", SimpleNamespace(write=write))
+    return sizes
+
+
+async def test_access_lines_are_held_and_written_together_within_the_hold(
+    sole: tuple[logs.JsonLinesHandler, Path], autojump_clock: trio.testing.MockClock,
+    counted_writes: list[int],
+) -> None:  # fmt: skip
+    """A write for each request cost it about 10 us of the trio thread: while the daemon runs,
+    its lines wait at most ACCESS_LINES_HOLD_SECONDS and go out in one write, in order."""
+    handler, path = sole
+    alone(handler)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(logs.hold_access_lines)
+        await trio.sleep(1)  # (the holder has started and waits)
+        for n in range(3):
+            access_line(n)
+        assert path.read_bytes() == b""
+        await trio.sleep(logs.ACCESS_LINES_HOLD_SECONDS - 0.001)
+        assert path.read_bytes() == b""
+        await trio.sleep(0.002)
+        assert [line["n"] for line in written(path)] == [0, 1, 2]
+        assert len(counted_writes) == 1
+        # The next lines start another hold of their own.
+        await trio.sleep(10)
+        access_line(3)
+        await trio.sleep(logs.ACCESS_LINES_HOLD_SECONDS + 0.001)
+        assert [line["n"] for line in written(path)] == [0, 1, 2, 3]
+        assert len(counted_writes) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_line_of_another_kind_is_written_at_once_after_the_held_ones(
+    sole: tuple[logs.JsonLinesHandler, Path], autojump_clock: trio.testing.MockClock,
+    counted_writes: list[int],
+) -> None:  # fmt: skip
+    """Only the access log waits, and it never changes the order: a warning (here from another
+    thread too) is written at once, after the lines held so far, in the same write."""
+    handler, path = sole
+    alone(handler)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(logs.hold_access_lines)
+        await trio.sleep(1)
+        access_line(0)
+        access_line(1)
+        logging.getLogger("inboxd.test").warning("now")
+        assert [line.get("n", line["msg"]) for line in written(path)] == [0, 1, "now"]
+        assert len(counted_writes) == 1
+        access_line(2)
+        await trio.to_thread.run_sync(access_line, 3)  # another thread's line: not held
+        await trio.to_thread.run_sync(logging.getLogger("inboxd.test").warning, "there")
+        assert [line.get("n", line["msg"]) for line in written(path)] == [
+            0,
+            1,
+            "now",
+            2,
+            3,
+            "there",
+        ]
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_holder_s_end_writes_what_it_holds_and_lines_go_out_at_once_again(
+    sole: tuple[logs.JsonLinesHandler, Path], autojump_clock: trio.testing.MockClock,
+) -> None:  # fmt: skip
+    """The daemon stopping cancels the holder: nothing held is lost, and a line logged after
+    it (the last requests' lines come before "stopped") is written as it comes."""
+    handler, path = sole
+    alone(handler)
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(logs.hold_access_lines)
+            await trio.sleep(1)
+            access_line(0)
+            scope.cancel()
+    assert [line["n"] for line in written(path)] == [0]
+    access_line(1)
+    assert [line["n"] for line in written(path)] == [0, 1]
+
+
+async def test_held_lines_are_bounded_and_flushed_at_exit(
+    sole: tuple[logs.JsonLinesHandler, Path], autojump_clock: trio.testing.MockClock,
+    counted_writes: list[int],
+) -> None:  # fmt: skip
+    """However many requests come within a hold, at most ACCESS_LINES_HELD_AT_MOST lines wait;
+    and ``flush`` (logging.shutdown at exit) writes them, should a process end without the
+    holder's own end."""
+    handler, path = sole
+    alone(handler)
+    most = logs.ACCESS_LINES_HELD_AT_MOST
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(logs.hold_access_lines)
+        await trio.sleep(1)
+        for n in range(most - 1):
+            access_line(n)
+        assert path.read_bytes() == b""
+        access_line(most - 1)
+        assert [line["n"] for line in written(path)] == list(range(most))
+        access_line(most)
+        handler.flush()
+        assert [line["n"] for line in written(path)] == list(range(most + 1))
+        assert len(counted_writes) == 2
+        await trio.sleep(1)
+        assert len(counted_writes) == 2  # (the holder woke to nothing left to write)
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_the_daemon_s_handler_nothing_is_held(
+    sole: tuple[logs.JsonLinesHandler, Path], autojump_clock: trio.testing.MockClock,
+) -> None:  # fmt: skip
+    """A root logger without a JsonLinesHandler (a test's capture): the holder has nothing to
+    do and ends; a second holder of the same handler ends too, leaving the first one's."""
+    handler, path = sole
+    logging.getLogger().handlers[:] = []
+    await logs.hold_access_lines()  # returns at once
+    alone(handler)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(logs.hold_access_lines)
+        await trio.sleep(1)
+        await logs.hold_access_lines()  # returns at once
+        access_line(0)
+        assert path.read_bytes() == b""
+        await trio.sleep(1)
+        assert [line["n"] for line in written(path)] == [0]
+        nursery.cancel_scope.cancel()
