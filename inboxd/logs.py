@@ -27,12 +27,12 @@ _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str, separators=(
 # thread logging meanwhile reads a matching pair).
 _second: tuple[int, str] = (-1, "")
 # While the daemon runs, the access log's lines are held and written together
-# (``hold_access_lines``), at most this long after the first of them: a write for each batch,
-# not one for each request (a write cost the request about 10 us of the trio thread, ``bench
-# app``).
+# (``hold_access_lines``), about this long after the first of them (once the holder's sleep
+# ends and it gets its turn): a write for each batch, not one for each request (a write cost
+# the request about 10 us of the trio thread, ``bench app``).
 ACCESS_LINES_HOLD_SECONDS: Final = 0.05
-# Past this many held lines, the one that makes them this many writes them all at once: memory
-# stays bounded whatever the load.
+# The held line that makes this many writes them all at once: memory stays bounded whatever the
+# load.
 ACCESS_LINES_HELD_AT_MOST: Final = 512
 
 
@@ -88,8 +88,9 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     (``hold_access_lines``) may hold to write with others. A stream with no descriptor (a
     test's StringIO) gets the line as text.
 
-    Every write starts with the lines held so far, so lines keep their order; ``flush`` (which
-    ``logging.shutdown`` calls at exit) writes them too."""
+    Every write starts with the lines held so far, so the handler's lines keep their order
+    (what else writes to the stream's descriptor directly, a traceback Python prints, may come
+    before held lines); ``flush`` (which ``logging.shutdown`` calls at exit) writes them too."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
@@ -159,14 +160,14 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 super().flush()
                 return
             stream.flush()  # (what another writer left in it goes first)
-            written = os.write(fd, data)
-            while written < len(data):  # (a signal, or a pipe taking part of it)
-                data = data[written:]
-                written = os.write(fd, data)
+            done = os.write(fd, data)
+            while done < len(data):  # (a signal, or a pipe taking part of it)
+                done += os.write(fd, memoryview(data)[done:])
         except RecursionError:
             raise
-        except Exception:
-            self.handleError(record or logging.makeLogRecord({"msg": data.decode()}))
+        except Exception:  # (the lines that failed, whole, as logging reports a record's)
+            text = data.decode(errors="replace")
+            self.handleError(record or logging.makeLogRecord({"msg": text}))
 
 
 def log_request(logger: logging.Logger, fields: dict[str, Any]) -> None:
@@ -208,11 +209,12 @@ async def hold_access_lines(
 ) -> None:
     """A task of the daemon's: while it runs, the lines ``log_request`` writes through
     ``handler`` (by default the root logger's ``JsonLinesHandler``, as ``setup`` leaves it) on
-    this thread are held and written together, at most ``seconds`` after the first of them
-    (sooner when another line is written: the held ones go first). When it ends (cancelled with
-    the daemon's other tasks as it stops) it writes what it holds, and lines go out one by one
-    again. So the access log is at most ``seconds`` behind, and a process killed outright
-    (SIGKILL) loses at most that much of it; nothing else is held."""
+    this thread are held and written together, ``seconds`` after the first of them once this
+    task gets its turn (sooner when another line is written: the held ones go first; or when
+    ``ACCESS_LINES_HELD_AT_MOST`` wait). When it ends (cancelled with the daemon's other tasks
+    as it stops) it writes what it holds, and lines go out one by one again. So the access log
+    is about ``seconds`` behind, and a process killed outright (SIGKILL) loses about that much
+    of it; nothing else is held."""
     if handler is None:
         roots = logging.getLogger().handlers
         handler = next((h for h in roots if type(h) is JsonLinesHandler), None)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,8 @@ async def test_an_http2_request_does_not_log_its_api_key_at_debug(
         [sys.executable, "-c", CLIENT, base_url, seeded.owner_key], capture_stdout=True
     )
     assert done.stdout.decode().split() == ["HTTP/2", "200"]
+    for handler in logging.getLogger().handlers:
+        handler.flush()  # (the access line, were it held: logs.hold_access_lines)
     lines = debug_log.getvalue().splitlines()
     assert any(json.loads(line)["logger"] == "inboxd.access" for line in lines)  # it is captured
     assert [line for line in lines if seeded.owner_key in line] == []
@@ -280,6 +283,13 @@ def access_line(n: int) -> None:
     logs.log_request(logging.getLogger("inboxd.access"), {**FIELDS, "n": n})
 
 
+def in_thread(fn: Any, *args: object) -> None:
+    """``fn(*args)`` in another thread, waited for without yielding to trio."""
+    thread = threading.Thread(target=fn, args=args)
+    thread.start()
+    thread.join()
+
+
 def written(path: Path) -> list[Any]:
     return [json.loads(line) for line in path.read_bytes().splitlines()]
 
@@ -341,17 +351,16 @@ async def test_a_line_of_another_kind_is_written_at_once_after_the_held_ones(
         logging.getLogger("inboxd.test").warning("now")
         assert [line.get("n", line["msg"]) for line in written(path)] == [0, 1, "now"]
         assert len(counted_writes) == 1
+        # Another thread, run to its end while the holder cannot run (no checkpoint here):
+        # its access line is not held, and it writes the held one first.
         access_line(2)
-        await trio.to_thread.run_sync(access_line, 3)  # another thread's line: not held
-        await trio.to_thread.run_sync(logging.getLogger("inboxd.test").warning, "there")
-        assert [line.get("n", line["msg"]) for line in written(path)] == [
-            0,
-            1,
-            "now",
-            2,
-            3,
-            "there",
-        ]
+        in_thread(access_line, 3)
+        assert [line.get("n", line["msg"]) for line in written(path)] == [0, 1, "now", 2, 3]
+        assert len(counted_writes) == 2
+        access_line(4)
+        in_thread(logging.getLogger("inboxd.test").warning, "there")
+        assert [line.get("n", line["msg"]) for line in written(path)][-2:] == [4, "there"]
+        assert len(counted_writes) == 3
         nursery.cancel_scope.cancel()
 
 
@@ -418,3 +427,34 @@ async def test_without_the_daemon_s_handler_nothing_is_held(
         await trio.sleep(1)
         assert [line["n"] for line in written(path)] == [0]
         nursery.cancel_scope.cancel()
+
+
+def test_a_write_that_fails_midway_is_reported_and_the_next_lines_go_out(
+    sole: tuple[logs.JsonLinesHandler, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipe that takes part of a batch, cut inside a character, then refuses the rest (its
+    reader gone): logging reports the lines, whole, as it reports a record's; nothing is raised
+    into the request or the holder, and the next line is written."""
+    handler, path = sole
+    alone(handler)
+    reported: list[logging.LogRecord] = []
+    monkeypatch.setattr(handler, "handleError", reported.append)
+    payload = '{"p":"é"}\n{"n":2}\n'.encode()
+    calls: list[bytes] = []
+
+    def write(fd: int, data: bytes) -> int:
+        calls.append(bytes(data))
+        if len(calls) == 1:
+            return payload.index("é".encode()) + 1  # (the first byte of its two)
+        if len(calls) == 2:
+            raise BrokenPipeError(32, "Broken pipe")
+        return os.write(fd, data)
+
+    monkeypatch.setattr(logs, "os", SimpleNamespace(write=write))
+    handler._held.extend(['{"p":"é"}'.encode(), b'{"n":2}'])
+    handler.write_held()
+    assert calls == [payload, payload[7:]]
+    (record,) = reported
+    assert record.getMessage() == payload.decode()
+    handler.write_line(b'{"n":3}')
+    assert path.read_bytes() == b'{"n":3}\n'
