@@ -214,7 +214,8 @@ async def hold_access_lines(
     ``ACCESS_LINES_HELD_AT_MOST`` wait). When it ends (cancelled with the daemon's other tasks
     as it stops) it writes what it holds, and lines go out one by one again. So the access log
     is about ``seconds`` behind, and a process killed outright (SIGKILL) loses about that much
-    of it; nothing else is held. Its batches are written from a worker thread."""
+    of it; nothing else is held. Its batches are written from a worker thread (a line logged
+    meanwhile on another thread waits for that write, to keep the order)."""
     if handler is None:
         roots = logging.getLogger().handlers
         handler = next((h for h in roots if type(h) is JsonLinesHandler), None)
