@@ -214,8 +214,7 @@ async def hold_access_lines(
     ``ACCESS_LINES_HELD_AT_MOST`` wait). When it ends (cancelled with the daemon's other tasks
     as it stops) it writes what it holds, and lines go out one by one again. So the access log
     is about ``seconds`` behind, and a process killed outright (SIGKILL) loses about that much
-    of it; nothing else is held. Its batches are written from a worker thread (a line logged
-    meanwhile on another thread waits for that write, to keep the order)."""
+    of it; nothing else is held."""
     if handler is None:
         roots = logging.getLogger().handlers
         handler = next((h for h in roots if type(h) is JsonLinesHandler), None)
@@ -228,10 +227,7 @@ async def hold_access_lines(
             await first.wait()
             await trio.sleep(seconds)
             first = trio.Event()
-            # From a worker thread: a write to a file can wait for the disk (its last page read
-            # back when the kernel has dropped it, or the kernel holding writers back while much
-            # is dirty), and the loop must not wait with it.
-            await trio.to_thread.run_sync(handler.write_held)
+            handler.write_held()
     finally:
         handler._holder = None
         handler.write_held()

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import trio
-import trio.lowlevel
 import trio.testing
 
 from inboxd import logs
@@ -295,35 +294,17 @@ def written(path: Path) -> list[Any]:
     return [json.loads(line) for line in path.read_bytes().splitlines()]
 
 
-async def landed(path: Path, count: int) -> list[Any]:
-    """The file's lines once it has ``count``: the holder writes from a worker thread, which
-    MockClock's jumps do not wait for (nor do they move while this task keeps checking)."""
-    deadline = time.monotonic() + 10
-    while (lines := complete_lines(path)) is None or len(lines) < count:
-        assert time.monotonic() < deadline, lines
-        await trio.lowlevel.checkpoint()
-    return lines
-
-
-def complete_lines(path: Path) -> list[Any] | None:
-    """The file's lines, None while a write is seen halfway (its last line not ended yet)."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        return None
-    return [json.loads(line) for line in data.splitlines()]
-
-
 @pytest.fixture
 def counted_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads that made the handler's ``write`` calls (logs.py's ``os.write``), in order."""
-    threads: list[int] = []
+    """The sizes of the handler's ``write`` calls (logs.py's ``os.write``)."""
+    sizes: list[int] = []
 
     def write(fd: int, data: bytes) -> int:
-        threads.append(threading.get_ident())
+        sizes.append(len(data))
         return os.write(fd, data)
 
     monkeypatch.setattr(logs, "os", SimpleNamespace(write=write))
-    return threads
+    return sizes
 
 
 async def test_access_lines_are_held_and_written_together_within_the_hold(
@@ -343,15 +324,13 @@ async def test_access_lines_are_held_and_written_together_within_the_hold(
         await trio.sleep(logs.ACCESS_LINES_HOLD_SECONDS - 0.001)
         assert path.read_bytes() == b""
         await trio.sleep(0.002)
-        assert [line["n"] for line in await landed(path, 3)] == [0, 1, 2]
+        assert [line["n"] for line in written(path)] == [0, 1, 2]
         assert len(counted_writes) == 1
-        # (from a worker thread: a write to a file can wait for the disk, the loop must not)
-        assert counted_writes[0] != threading.get_ident()
         # The next lines start another hold of their own.
         await trio.sleep(10)
         access_line(3)
         await trio.sleep(logs.ACCESS_LINES_HOLD_SECONDS + 0.001)
-        assert [line["n"] for line in await landed(path, 4)] == [0, 1, 2, 3]
+        assert [line["n"] for line in written(path)] == [0, 1, 2, 3]
         assert len(counted_writes) == 2
         nursery.cancel_scope.cancel()
 
@@ -446,7 +425,7 @@ async def test_without_the_daemon_s_handler_nothing_is_held(
         access_line(0)
         assert path.read_bytes() == b""
         await trio.sleep(1)
-        assert [line["n"] for line in await landed(path, 1)] == [0]
+        assert [line["n"] for line in written(path)] == [0]
         nursery.cancel_scope.cancel()
 
 
