@@ -28,8 +28,8 @@ _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str, separators=(
 _second: tuple[int, str] = (-1, "")
 # While the daemon runs, the access log's lines are held and written together
 # (``hold_access_lines``), about this long after the first of them (once the holder's sleep
-# ends and it gets its turn): a write for each batch, not one for each request (a write cost
-# the request about 10 us of the trio thread, ``bench app``).
+# ends and it gets its turn): a write for each batch, not one for each request (``bench app``
+# prints read one with its line held and with it written at once).
 ACCESS_LINES_HOLD_SECONDS: Final = 0.05
 # The held line that makes this many writes them all at once: memory stays bounded whatever the
 # load.

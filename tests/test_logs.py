@@ -416,12 +416,14 @@ async def test_without_the_daemon_s_handler_nothing_is_held(
     do and ends; a second holder of the same handler ends too, leaving the first one's."""
     handler, path = sole
     logging.getLogger().handlers[:] = []
-    await logs.hold_access_lines()  # returns at once
+    with trio.fail_after(1):  # (a holder that waited instead would fail here, not hang)
+        await logs.hold_access_lines()  # returns at once
     alone(handler)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(logs.hold_access_lines)
         await trio.sleep(1)
-        await logs.hold_access_lines()  # returns at once
+        with trio.fail_after(1):
+            await logs.hold_access_lines()  # returns at once
         access_line(0)
         assert path.read_bytes() == b""
         await trio.sleep(1)
