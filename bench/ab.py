@@ -19,7 +19,10 @@ over the ceiling row's after / before).
 
 Both daemons run at log level warning, as ``bench http`` runs its daemon (no access log), unless
 ``--log-level`` says otherwise: at info, the default, each writes its access log's line a request
-(each daemon's log to a file of its own).
+(each daemon's log to a file of its own). ``--baseline-log-level`` runs the baseline at another
+level: with ``--baseline HEAD`` and nothing changed in the working tree, the same code at two
+levels, which is what the access log costs served (``--baseline-log-level warning --log-level
+info``).
 
 The store given must be one the baseline understands (its schema or older): both copies are
 made from it, and each daemon migrates its own. Needs wrk and git; the copies need free disk.
@@ -55,6 +58,7 @@ from bench.http import (
     run_python,
     run_wrk,
 )
+from inboxd.config import LOG_LEVELS
 
 ROWS = ("list", "list-channel", "read", "counts", "history", "title", "assignee", "ceiling")
 # Not in the default rows: "ceiling" loads each version's own bare app (bench/bare.py, from the
@@ -73,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slices", type=int, default=6, help="slices per version and row (6)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per slice (3)")
     add_log_level(p, "both daemons'")  # (each logs to a file of its own)
+    p.add_argument(
+        "--baseline-log-level",
+        choices=LOG_LEVELS,
+        help="the baseline's log.level, where it is to differ from --log-level's (with"
+        " --baseline HEAD and no change: what the access log costs served)",
+    )
 
 
 def _copy_store(source: Path, target: Path) -> None:
@@ -168,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
         # on a machine that pages out what is idle (The machine, in BENCHMARKS.md). Without
         # it the copies went cold between rows, and the rows measured the disk. A baseline
         # from before that child has neither.
-        env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": args.log_level}
+        levels = {"before": args.baseline_log_level or args.log_level, "after": args.log_level}
         for who in ("before", "after"):
+            env = {"INBOXD_LIMITS_REQUESTS_PER_SECOND": "0", "INBOXD_LOG_LEVEL": levels[who]}
             command = ["-m", "inboxd", "serve", "--data", str(stores[who])]
             command += ["--bind", f"127.0.0.1:{ports[who]}"]
             log = cleanup.enter_context(tempfile.TemporaryFile())  # (a daemon's stderr)
@@ -282,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{f['thread_busy']['before']:.0%} -> {f['thread_busy']['after']:.0%}{extra}",
             )
         )
+    if levels["before"] != levels["after"]:
+        table.append(("log levels", f"{levels['before']} / {levels['after']}", "log.level of each"))
     shown = {w: "n/a" if n is None else f"{n:.0f}" for w, n in waits.items()}
     table.append(("loop disk waits", f"{shown['before']} / {shown['after']}", "over the whole run"))
     report("ab", table, {"args": vars(args), "figures": figures, "loop_disk_waits": waits})
