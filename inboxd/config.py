@@ -138,6 +138,10 @@ class ServerConfig:
     # And lock it there (mlock), as far as RLIMIT_MEMLOCK (or CAP_IPC_LOCK) allows, so that the
     # kernel cannot page it out; false: keep it mapped only, and check every second that it is.
     lock_cache: bool = attrs.field(default=True, metadata=_kind("bool"))
+    # Lock the daemon's own code (the interpreter's and its libraries', about 20 MB) in memory,
+    # as far as RLIMIT_MEMLOCK (or CAP_IPC_LOCK) allows, so that a request never waits for the
+    # disk to bring a part of it back (resident.py); false: leave it to the kernel.
+    lock_code: bool = attrs.field(default=True, metadata=_kind("bool"))
 
 
 @attrs.frozen

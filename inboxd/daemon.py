@@ -9,6 +9,7 @@
         ├── channel webhook hub: one supervisor per URL              (webhooks/channel.py)
         ├── mailer: sends the mail outbox after commit               (mailer.py)
         ├── page cache warm-up at start, when the store fits         (store/warm.py)
+        ├── the daemon's own code, locked in memory                  (resident.py)
         ├── search upkeep, hourly: large channels' own indexes,      (store/shards.py)
         │   search indexes' b-trees merged                           (store/tidy.py)
         ├── housekeeping: lastUsedAt in batches, old Idempotency-Keys
@@ -49,6 +50,7 @@ from inboxd.errors import StoreError
 from inboxd.feed import FeedHub
 from inboxd.logs import hold_access_lines, log_failure
 from inboxd.mailer import Mailer
+from inboxd.resident import keep_code_in_memory
 from inboxd.store import accounts, events, idempotency, shards, tidy, warm, webhooks
 from inboxd.store.db import Store
 from inboxd.store.writer import WriterProcess
@@ -407,6 +409,8 @@ async def _run(
             nursery.start_soon(_housekeeping, app_state)
             nursery.start_soon(_search_upkeep, app_state)
             nursery.start_soon(store.checkpoint_forever)
+            if config.server.lock_code and store.offload:  # (not on MockClock tests)
+                nursery.start_soon(keep_code_in_memory)
             if warming:
                 nursery.start_soon(
                     partial(

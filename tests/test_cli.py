@@ -341,6 +341,39 @@ def test_signals_stop_the_daemon_cleanly(tmp_path: Path, sig: signal.Signals) ->
     assert "Traceback" not in err
 
 
+def _locked_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        (line,) = [x for x in f if x.startswith("VmLck:")]
+    return int(line.split()[1])
+
+
+def test_the_daemon_locks_its_code_in_memory_and_says_so(tmp_path: Path) -> None:
+    """resident.py: once started, the daemon's own code is locked in memory (or the log says
+    what was not, and why, where this machine does not allow it)."""
+    data = str(tmp_path / "d")
+    ok("init", "--data", data)
+    port = free_port()
+    proc = serve(data, port)
+    wait_ready(f"http://127.0.0.1:{port}", proc)
+    deadline = time.monotonic() + 5
+    while _locked_kib(proc.pid) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # (the look locks one mapping after another: let it end)
+    locked = _locked_kib(proc.pid) * 1024
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=15)
+    lines = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    (said,) = [x for x in lines if x["msg"].startswith("locked the daemon's code in memory")]
+    assert said["logger"] == "inboxd.daemon" and said["level"] == "info"
+    # The kernel's count of the process's locked memory is what the line says was locked.
+    assert locked == said["locked_bytes"]
+    if "not_locked" in said:  # (a memory-lock limit, no CAP_IPC_LOCK: what fits)
+        assert said["not_locked_bytes"] > 0
+    else:
+        assert said["not_locked_bytes"] == 0
+        assert said["locked_bytes"] > 4 << 20  # (about 20 MB: the interpreter, SQLite, ...)
+
+
 @pytest.mark.parametrize("drain_delay", [0.0, 0.5])
 async def test_a_stop_while_the_daemon_starts_is_a_clean_stop(
     seeded: Seed, monkeypatch: pytest.MonkeyPatch, drain_delay: float
