@@ -1,6 +1,7 @@
 # inboxd in a container: `docker build -t inboxd .` then
 #   docker run -p 8080:8080 -v inboxd-data:/var/lib/inboxd --ulimit memlock=-1 inboxd
-# (--ulimit memlock=-1 lets it lock the store in memory: server.lock_cache in README.)
+# (--ulimit memlock=-1 lets it lock the store and its own code in memory: server.lock_cache
+# and server.lock_code in README.)
 # The first start creates the store and prints the owner's API key (once) on stdout.
 FROM python:3.11-slim
 
