@@ -90,7 +90,7 @@ class Locked:
 
 
 def _read_maps() -> str:
-    with open("/proc/self/maps") as f:
+    with open("/proc/self/maps", errors="surrogateescape") as f:  # (paths are bytes)
         return f.read()
 
 
@@ -122,14 +122,17 @@ class CodeLock:
         mappings = private_file_mappings(self._read_maps())
         self._locked &= set(mappings)  # (one unmapped since: its lock went with it)
         used = sum(m.length for m in self._locked)
-        reason = ""
+        reason = ""  # the first refusal's
         for m in mappings:
-            if m in self._locked or reason:
+            if m in self._locked:
                 continue
             if used + m.length > self._budget:
-                reason = "budget"
+                reason = reason or "budget"
             elif self._mlock(m.start, m.length) != 0:
-                reason = errno.errorcode.get(ctypes.get_errno(), "error")
+                code = ctypes.get_errno()
+                reason = reason or errno.errorcode.get(code, "error")
+                if code == errno.EPERM:  # (no allowance at all: the rest would be refused)
+                    break
             else:
                 self._locked.add(m)
                 used += m.length
@@ -140,12 +143,28 @@ class CodeLock:
 async def keep_code_in_memory(check_seconds: float = CHECK_SECONDS) -> None:
     """A task of the daemon's: lock its code in memory (``CodeLock``) now and at each look
     after. Logs the first look, and each later one whose reason for what is not locked
-    differs. Where locking cannot work at all (no /proc, no mlock), it says so once and ends."""
+    differs. Where the first look cannot be made at all (no /proc, no mlock), it says so once
+    and ends; a later look that fails is logged and the next one tried."""
+    said: str | None = None
     try:
         lock = CodeLock()
-        said: str | None = None
-        while True:
-            now = await trio.to_thread.run_sync(lock.look)
+    except (OSError, AttributeError) as exc:  # no mlock in this C library
+        _cannot(exc)
+        return
+    while True:
+        try:
+            # (a look may read pages from the disk, and can be made again: a stop need not
+            # wait for it)
+            now = await trio.to_thread.run_sync(lock.look, abandon_on_cancel=True)
+        except Exception as exc:  # (this task is an aid: it never takes the daemon down)
+            if said is None:
+                _cannot(exc)
+                return
+            log.warning(
+                "could not look at the daemon's code to lock it in memory; trying again later",
+                extra={"error": f"{type(exc).__name__}: {exc}"},
+            )
+        else:
             if now.reason != said:
                 log.info(
                     "locked the daemon's code in memory"
@@ -161,9 +180,11 @@ async def keep_code_in_memory(check_seconds: float = CHECK_SECONDS) -> None:
                     },
                 )
                 said = now.reason
-            await trio.sleep(check_seconds)
-    except (OSError, AttributeError) as exc:  # no /proc/self/maps, or no mlock in this libc
-        log.warning(
-            "cannot lock the daemon's code in memory here",
-            extra={"error": f"{type(exc).__name__}: {exc}"},
-        )
+        await trio.sleep(check_seconds)
+
+
+def _cannot(exc: BaseException) -> None:
+    log.warning(
+        "cannot lock the daemon's code in memory here",
+        extra={"error": f"{type(exc).__name__}: {exc}"},
+    )

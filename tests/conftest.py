@@ -20,7 +20,7 @@ import trio.testing
 
 from inboxd import daemon
 from inboxd.clock import TrioClock
-from inboxd.config import Config, LimitsConfig, WebhooksConfig
+from inboxd.config import Config, LimitsConfig, ServerConfig, WebhooksConfig
 from inboxd.store import accounts
 from inboxd.store.db import Store
 from inboxd.timeutil import now_us
@@ -83,7 +83,13 @@ def seed_store(data_dir: Path) -> Seed:
 
 def test_config(**limits: Any) -> Config:
     # Rate limiting is off unless a test turns it on: tests ingest hundreds of messages quickly.
-    return Config(limits=LimitsConfig(requests_per_second=0, burst=1, **limits))
+    # The daemons tests run in this process leave its memory unlocked (server.lock_code): a
+    # lock would outlive them, and test_resident looks at this process's locks; the CLI's
+    # daemon, a process of its own, locks its code as the default says.
+    return Config(
+        server=ServerConfig(lock_code=False),
+        limits=LimitsConfig(requests_per_second=0, burst=1, **limits),
+    )
 
 
 test_config.__test__ = False  # type: ignore[attr-defined]

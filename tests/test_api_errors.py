@@ -133,7 +133,8 @@ async def test_options_needs_no_key_on_any_api_blueprint(
 @pytest.fixture
 def config() -> Config:
     return Config(
-        server=ServerConfig(max_body_bytes=2048), limits=LimitsConfig(requests_per_second=0)
+        server=ServerConfig(max_body_bytes=2048, lock_code=False),
+        limits=LimitsConfig(requests_per_second=0),
     )
 
 

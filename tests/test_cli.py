@@ -355,11 +355,15 @@ def test_the_daemon_locks_its_code_in_memory_and_says_so(tmp_path: Path) -> None
     port = free_port()
     proc = serve(data, port)
     wait_ready(f"http://127.0.0.1:{port}", proc)
-    deadline = time.monotonic() + 5
-    while _locked_kib(proc.pid) == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # (the look locks one mapping after another: let it end)
-    locked = _locked_kib(proc.pid) * 1024
+    # The first look locks one mapping after another, in a worker thread: wait until the count
+    # stands still (or, where nothing may be locked, 10 s).
+    deadline, locked = time.monotonic() + 10, -1
+    while time.monotonic() < deadline:
+        now = _locked_kib(proc.pid) * 1024
+        if now and now == locked:
+            break
+        locked = now
+        time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=15)
     lines = [json.loads(x) for x in err.splitlines() if x.startswith("{")]

@@ -338,7 +338,7 @@ def config() -> Config:
     # A short shutdown_timeout: hypercorn's ping task of a closed websocket sleeps out its 20 s
     # interval and holds a graceful stop until this timeout (see daemon.py).
     return Config(
-        server=ServerConfig(shutdown_timeout=0.2),
+        server=ServerConfig(shutdown_timeout=0.2, lock_code=False),
         feed=FeedConfig(queue_bound=20),
         limits=LimitsConfig(requests_per_second=0),
     )

@@ -70,12 +70,12 @@ def test_a_look_locks_what_fits_says_why_not_the_rest_and_tries_it_again() -> No
     maps = [MAPS]
     mlock = FakeMlock(limit=0x12000)
     lock = CodeLock(read_maps=lambda: maps[0], mlock=mlock)
-    total = sum(m.length for m in private_file_mappings(MAPS))  # 0x54000
+    total = sum(m.length for m in private_file_mappings(MAPS))  # 0x55000
 
-    # The first two fit (0x2000), the third (0x10000) fits, the fourth (0x40000) does not:
-    # the look stops there (the limit refuses the rest too), and says why.
+    # The first two fit (0x2000), the third (0x10000) fits, the fourth (0x40000) does not, nor
+    # then the last two: the look tries each, and says why some were not locked.
     assert lock.look() == Locked(locked=0x12000, not_locked=total - 0x12000, reason="ENOMEM")
-    assert len(mlock.calls) == 4
+    assert len(mlock.calls) == 6
 
     # The limit raised: the next look locks the rest, and only the rest.
     mlock.limit = 1 << 30
@@ -106,8 +106,23 @@ def test_the_budget_bounds_what_is_locked() -> None:
     mlock = FakeMlock(limit=1 << 30)
     lock = CodeLock(read_maps=lambda: MAPS, mlock=mlock, budget=0x13000)
     total = sum(m.length for m in private_file_mappings(MAPS))
-    assert lock.look() == Locked(locked=0x12000, not_locked=total - 0x12000, reason="budget")
-    assert len(mlock.calls) == 3
+    # 0x1000 + 0x1000 + 0x10000; not 0x40000 nor then 0x2000; 0x1000 still fits.
+    assert lock.look() == Locked(locked=0x13000, not_locked=total - 0x13000, reason="budget")
+    assert [length for _, length in mlock.calls] == [0x1000, 0x1000, 0x10000, 0x1000]
+
+
+def test_a_look_refused_outright_stops_there() -> None:
+    """EPERM (no memory-lock allowance at all): the rest would be refused too."""
+
+    def refused(address: int, length: int) -> int:
+        calls.append(length)
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    calls: list[int] = []
+    total = sum(m.length for m in private_file_mappings(MAPS))
+    assert CodeLock(read_maps=lambda: MAPS, mlock=refused).look() == Locked(0, total, "EPERM")
+    assert calls == [0x1000]
 
 
 def _locked_paths() -> set[str]:
@@ -128,10 +143,11 @@ def test_this_process_s_code_is_locked_in_memory_or_the_look_says_why_not() -> N
     inboxd's store loads), as the daemon's task locks its own."""
     import sqlite3  # noqa: F401 (its extension module must be loaded: it is, through inboxd)
 
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.munlockall()  # (what a daemon run in this process earlier may have locked)
     mappings = private_file_mappings(Path("/proc/self/maps").read_text())
     sqlite_lib = next(m.path for m in mappings if "_sqlite3" in m.path)
     assert sqlite_lib not in _locked_paths()
-    libc = ctypes.CDLL(None, use_errno=True)
     try:
         state = CodeLock().look()
         if state.reason:  # no permission to lock it all here (RLIMIT_MEMLOCK, no CAP_IPC_LOCK)
@@ -203,3 +219,33 @@ async def test_where_there_is_nothing_to_look_at_the_task_says_so_once_and_ends(
         "cannot lock the daemon's code in memory here"
     ]
     assert "FileNotFoundError" in caplog.records[0].__dict__["error"]
+
+
+async def test_a_later_look_that_fails_is_logged_and_the_next_one_made(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    looks = 0
+    third = trio.Event()
+
+    class Flaky:
+        def look(self) -> Locked:
+            nonlocal looks
+            looks += 1
+            if looks == 2:
+                raise OSError(errno.EMFILE, "Too many open files")
+            if looks == 3:
+                trio.from_thread.run_sync(third.set)
+            return Locked(locked=20 << 20, not_locked=0)
+
+    monkeypatch.setattr(resident, "CodeLock", Flaky)
+    caplog.set_level(logging.INFO, logger="inboxd.daemon")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(resident.keep_code_in_memory, 60.0)
+        await third.wait()
+        nursery.cancel_scope.cancel()
+    assert [r.getMessage() for r in caplog.records] == [
+        "locked the daemon's code in memory",
+        "could not look at the daemon's code to lock it in memory; trying again later",
+    ]
