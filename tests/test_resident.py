@@ -163,6 +163,18 @@ def test_this_process_s_code_is_locked_in_memory_or_the_look_says_why_not() -> N
     assert sqlite_lib not in _locked_paths()
 
 
+async def _run_task_until(
+    done: trio.Event, monkeypatch: pytest.MonkeyPatch, lock_class: type
+) -> None:
+    """Run the daemon's task with looks from ``lock_class``, looking every 60 s, until
+    ``done``."""
+    monkeypatch.setattr(resident, "CodeLock", lock_class)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(resident.keep_code_in_memory, 60.0)
+        await done.wait()
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_task_logs_the_first_look_and_each_change_of_reason(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -184,12 +196,8 @@ async def test_the_task_logs_the_first_look_and_each_change_of_reason(
                 trio.from_thread.run_sync(all_looked.set)
             return states[len(looks) - 1]
 
-    monkeypatch.setattr(resident, "CodeLock", Scripted)
     caplog.set_level(logging.INFO, logger="inboxd.daemon")
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(resident.keep_code_in_memory, 60.0)
-        await all_looked.wait()
-        nursery.cancel_scope.cancel()
+    await _run_task_until(all_looked, monkeypatch, Scripted)
     assert [b - a for a, b in itertools.pairwise(looks)] == [60.0, 60.0, 60.0]
     logged = [(r.levelname, r.getMessage(), r.__dict__.get("not_locked")) for r in caplog.records]
     assert logged == [
@@ -239,12 +247,8 @@ async def test_a_later_look_that_fails_is_logged_and_the_next_one_made(
                 trio.from_thread.run_sync(third.set)
             return Locked(locked=20 << 20, not_locked=0)
 
-    monkeypatch.setattr(resident, "CodeLock", Flaky)
     caplog.set_level(logging.INFO, logger="inboxd.daemon")
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(resident.keep_code_in_memory, 60.0)
-        await third.wait()
-        nursery.cancel_scope.cancel()
+    await _run_task_until(third, monkeypatch, Flaky)
     assert [r.getMessage() for r in caplog.records] == [
         "locked the daemon's code in memory",
         "could not look at the daemon's code to lock it in memory; trying again later",
