@@ -106,9 +106,10 @@ _MAP_FAILED: Final = ctypes.c_void_p(-1).value
 _MADV_POPULATE_READ: Final = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
-class _Libc:
+class Libc:
     """The C library's mmap, munmap, mlock and mincore: Python's mmap module has no mlock nor
-    mincore, and gives no address of a read-only mapping to pass to them."""
+    mincore, and gives no address of a read-only mapping to pass to them. (The keeper's, and
+    the daemon's lock of its own code, resident.py.)"""
 
     def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -166,7 +167,7 @@ class Keeper:
         self.db = db
         self.lock_budget = lock_budget
         self.max_maps = max_maps
-        self._libc = _Libc()
+        self._libc = Libc()
         self.maps: list[_Mapping] = []
         self.mapped = 0  # the file's size as last mapped
         self._file = (0, 0)  # (st_dev, st_ino) of the file the mappings are of
