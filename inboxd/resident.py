@@ -20,6 +20,12 @@ and looks again every ``CHECK_SECONDS`` for libraries loaded since. Where the sy
 allow it all (``RLIMIT_MEMLOCK``, which inboxd.service lifts, or ``CAP_IPC_LOCK``), what fits is
 locked, and the start-up log line says how much was not, and why. ``server.lock_code = false``
 turns it off.
+
+The writer child's code is kept with the daemon's: the child maps no file the daemon has not
+(a test checks it), and a page of a file is one page in memory however many processes map it,
+so a page locked by the daemon stays for the child too (the kernel does not reclaim a locked
+page, whoever else maps it). What the child has written of those mappings (its own copies of
+relocated data) is its anonymous memory, like its heap.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pytest
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
-from inboxd import daemon
+from inboxd import daemon, resident
 from inboxd.errors import StoreError
 from tests.conftest import Seed, test_config
 
@@ -347,14 +347,50 @@ def _locked_kib(pid: int) -> int:
     return int(line.split()[1])
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat_line = (entry / "stat").read_text()
+            except OSError:  # (gone meanwhile)
+                continue
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses
+            if int(stat_line.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _code_files(pid: int) -> set[str]:
+    """The files whose private mappings resident.py locks, as process ``pid`` maps them."""
+    maps = Path(f"/proc/{pid}/maps").read_text(errors="surrogateescape")
+    return {m.path for m in resident.private_file_mappings(maps)}
+
+
 def test_the_daemon_locks_its_code_in_memory_and_says_so(tmp_path: Path) -> None:
     """resident.py: once started, the daemon's own code is locked in memory (or the log says
-    what was not, and why, where this machine does not allow it)."""
+    what was not, and why, where this machine does not allow it). The writer child's code is
+    locked with it: the child runs no file that the daemon has not mapped, and a file's pages
+    are the same pages in every process that maps it (locked in one, kept for all)."""
     data = str(tmp_path / "d")
-    ok("init", "--data", data)
+    owner = ok("init", "--data", data)
     port = free_port()
     proc = serve(data, port)
-    wait_ready(f"http://127.0.0.1:{port}", proc)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, proc)
+    # A write, so that the writer child has loaded what its writes use.
+    made = httpx.post(
+        f"{url}/api/v1/inbox/keys", headers={"Authorization": f"Bearer {owner['apiKey']}"}
+    )
+    assert made.status_code == 201, made.text
+    writers = [
+        pid
+        for pid in _children(proc.pid)
+        if b"inboxd.store.writer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(writers) == 1
+    writer_files = _code_files(writers[0])
+    assert any("python" in f for f in writer_files)  # (the interpreter, at least)
     # The first look locks one mapping after another, in a worker thread: wait until the count
     # stands still (or, where nothing may be locked, 10 s).
     deadline, locked = time.monotonic() + 10, -1
@@ -364,8 +400,10 @@ def test_the_daemon_locks_its_code_in_memory_and_says_so(tmp_path: Path) -> None
             break
         locked = now
         time.sleep(0.3)
+    daemon_files = _code_files(proc.pid)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=15)
+    assert writer_files <= daemon_files, writer_files - daemon_files
     lines = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
     (said,) = [x for x in lines if x["msg"].startswith("locked the daemon's code in memory")]
     assert said["logger"] == "inboxd.daemon" and said["level"] == "info"
