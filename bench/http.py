@@ -31,6 +31,7 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -62,7 +63,7 @@ from inboxd.store.db import (
     run_batch,
     writer_connection,
 )
-from inboxd.store.warm import read_through
+from inboxd.store.warm import files_of, memory_for_warming, read_through, worth_warming
 
 CONNECTIONS = 32
 
@@ -243,6 +244,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="bench machine's idle probe before and after the rows, seconds (3; 0: none)",
     )
     add_log_level(p, "the daemon's")
+
+
+def store_in_memory(data: Path) -> dict[str, Any]:
+    """The store's size (the database and its WAL), the memory the daemon may keep it in, and
+    whether it will (store/warm.py's own reckoning: a store of at most half the memory
+    available). The targets' runs in BENCHMARKS.md had the store held; every run's write rows
+    grow it (their SYSTEM messages and events), so a store used for many runs may outgrow
+    that, and then its reads come from the disk."""
+    size = sum(p.stat().st_size for p in files_of(db_path(data)))
+    available = memory_for_warming()
+    return {
+        "store_bytes": size,
+        "available_bytes": available,
+        "held": worth_warming(size, available),
+    }
+
+
+def store_in_memory_note(fit: dict[str, Any]) -> str:
+    """``store_in_memory``'s answer, as the table says it."""
+    size = f"{fit['store_bytes'] / 1e9:.1f} GB with its WAL"
+    if fit["available_bytes"] is None:
+        return f"{size}; the memory available is not known here, so it is not held in memory"
+    limit = (
+        f"{size}; the daemon holds at most half the {fit['available_bytes'] / 1e9:.1f} GB available"
+    )
+    if fit["held"]:
+        return f"{limit}: held in memory"
+    return (
+        f"{limit}: NOT held, so reads may wait for the disk (a cold store's figures; each run's"
+        " writes grow the store: `bench generate` makes a fresh one, BENCHMARKS.md, How to run)"
+    )
 
 
 def pick(data: Path) -> dict[str, Any]:
@@ -692,6 +724,9 @@ def disk_waits_logged(log: bytes) -> list[tuple[str, int | None]]:
 def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
     search_indexes_up_to_date(data)
+    fit = store_in_memory(data)
+    if not fit["held"]:  # (said before the run's minutes, so that it can be stopped)
+        print(f"bench http: the store is {store_in_memory_note(fit)}", file=sys.stderr)
     ids = pick(data)
     driver = args.driver
     if driver == "auto":
@@ -907,6 +942,11 @@ def run(args: argparse.Namespace) -> int:
             mark("start-up until /readyz"),
         ),
         (
+            "the store, as the run began",
+            "held" if fit["held"] else "NOT held",
+            store_in_memory_note(fit),
+        ),
+        (
             "the daemon's log level",
             args.log_level,
             "an access-log line a request"
@@ -1055,6 +1095,7 @@ def run(args: argparse.Namespace) -> int:
             "floor_us": floors,
             "write_floor_us": write_floors,
             "startup_seconds": startup,
+            "store_in_memory": fit,
             "search_latency": search,
             "read_through_seconds": read_seconds,
             "targets": targets,

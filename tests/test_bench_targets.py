@@ -4,6 +4,7 @@ that "met" is strict and unrounded (BENCHMARKS.md, "Against the issue's targets"
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from bench.common import commit_buckets_in, commits_between
 from bench.http import (
@@ -17,6 +18,8 @@ from bench.http import (
     share_target,
     slices_text,
     standard_error,
+    store_in_memory,
+    store_in_memory_note,
     telling,
     verdicts,
 )
@@ -240,3 +243,22 @@ def test_a_share_is_shown_with_its_slices_standard_error() -> None:
     assert equal is not None and equal < 1e-12
     assert standard_error([0.8]) is None
     assert slices_text([0.8]) == ""
+
+
+def test_the_table_says_whether_the_daemon_will_hold_the_store_in_memory(tmp_path: Path) -> None:
+    """A store past half the memory available is not held (store/warm.py): its figures are a
+    cold store's, which the table says before and after the run."""
+    (tmp_path / "inboxd.db").write_bytes(b"x" * 3000)
+    (tmp_path / "inboxd.db-wal").write_bytes(b"x" * 1000)
+    fit = store_in_memory(tmp_path)
+    assert fit["store_bytes"] == 4000 and fit["held"] is (fit["available_bytes"] is not None)
+    held = {"store_bytes": 6_000_000_000, "available_bytes": 12_000_000_000, "held": True}
+    assert store_in_memory_note(held) == (
+        "6.0 GB with its WAL; the daemon holds at most half the 12.0 GB available: held in memory"
+    )
+    grown = {**held, "store_bytes": 6_000_000_001, "held": False}
+    note = store_in_memory_note(grown)
+    assert note.startswith("6.0 GB with its WAL; the daemon holds at most half the 12.0 GB")
+    assert "NOT held, so reads may wait for the disk" in note and "bench generate" in note
+    unknown = {**held, "available_bytes": None, "held": False}
+    assert "not known here" in store_in_memory_note(unknown)
