@@ -17,6 +17,7 @@ many rows share one timestamp. The keys the benchmarks use are written to DIR/be
 from __future__ import annotations
 
 import argparse
+import array
 import itertools
 import json
 import random
@@ -102,6 +103,21 @@ def _id(prefix: str, pk: int, rng: random.Random) -> str:
 def import_history(
     path: Path, info: dict[str, object], conversations: int, messages: int, rng: random.Random
 ) -> None:
+    """Contacts, conversations and their messages, in three passes.
+
+    Messages are numbered (their ``pk``, which orders the table and their ids) in the order of
+    their times across all conversations, as live traffic numbers them, and not conversation
+    by conversation: a conversation's newest messages then lie among other conversations' in
+    the table, as in a store filled over time, and a page of its history reads about as many
+    table pages as messages. Numbered one conversation after another (as until the
+    forty-first session), a fresh store kept them side by side and its history pages cost the
+    serving thread about two thirds of what they cost once a store had lived
+    (bench/HISTORY.md, forty-first session, item 4).
+
+    1. Each conversation's channel, contact, size, message times and directions (contacts
+       inserted as they come); then every message's place in time.
+    2. The messages in that order, a batch at a time.
+    3. The conversations, with their last messages."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous = OFF")
     conn.execute("PRAGMA cache_size = -1048576")  # 1 GiB while importing
@@ -116,69 +132,113 @@ def import_history(
     cum_weights = list(itertools.accumulate(1 / (i + 1) ** 0.8 for i in range(len(channel_pks))))
     per_conversation = messages / conversations
     now = now_us()
-    started = time.perf_counter()
-    next_contact = next_conv = next_msg = 1
-    made_messages = 0
     batch = 5000
+
+    # 1. Per conversation (index c, pk c + 1): its channel, start, status, assignee; per
+    # message (in the order made, a conversation's together): its time, conversation and
+    # direction. Compact arrays: ten million messages.
+    conv_channel = array.array("i")
+    conv_start = array.array("q")
+    conv_open = array.array("b")
+    conv_assignee: list[int | None] = []
+    conv_unread = array.array("i")
+    msg_at = array.array("q")
+    msg_conv = array.array("i")
+    msg_inbound = array.array("b")
+    started = time.perf_counter()
     for first in range(0, conversations, batch):
-        contacts, convs, msgs = [], [], []
-        for _ in range(min(batch, conversations - first)):
+        contacts = []
+        for c in range(first, min(first + batch, conversations)):
             channel_pk = rng.choices(channel_pks, cum_weights=cum_weights)[0]
             imported = rng.random() < 0.33
             start = now - rng.randint(0, 2 * YEAR_US)
             if imported:
                 start -= start % HOUR_US
-            contact_pk, conv_pk = next_contact, next_conv
-            next_contact += 1
-            next_conv += 1
-            phone = text.phone()
             contacts.append(
-                (
-                    contact_pk,
-                    _id("ct", contact_pk, rng),
-                    account_pk,
-                    channel_pk,
-                    phone,
-                    text.name(),
-                    "",
-                    start,
-                    start,
-                )
-            )
-            remaining = conversations - first
+                (c + 1, _id("ct", c + 1, rng), account_pk, channel_pk, text.phone(), text.name(),
+                 "", start, start)
+            )  # fmt: skip
+            left = conversations - c - 1  # (each of them gets one message at least)
             count = max(1, round(rng.expovariate(1 / per_conversation)))
-            count = min(count, max(1, messages - made_messages - (remaining - 1)))
+            count = min(count, max(1, messages - len(msg_at) - left))
             at = start
             unread = 0
-            last = None
             for _ in range(count):
                 if not imported:
                     at += rng.randint(1, 6 * 3600) * 1_000_000
-                direction = "INBOUND" if rng.random() < 0.55 else "OUTBOUND"
-                unread = unread + 1 if direction == "INBOUND" else 0
-                content = text.message()
-                msgs.append(
-                    (next_msg, _id("msg", next_msg, rng), account_pk, conv_pk, channel_pk, direction, "TEXT", 0,
-                     content, "READ" if direction == "OUTBOUND" else "RECEIVED", at)
-                )  # fmt: skip
-                last = (next_msg, at, content[:200], direction)
-                next_msg += 1
-            made_messages += count
-            status = "CLOSED" if rng.random() < 0.6 else "OPEN"
+                inbound = rng.random() < 0.55
+                unread = unread + 1 if inbound else 0
+                msg_at.append(at)
+                msg_conv.append(c)
+                msg_inbound.append(inbound)
+            is_open = rng.random() >= 0.6
             candidates = access.get(channel_pk, [])
             assignee = None
             if rng.random() < 0.5:
                 assignee = rng.choice(candidates) if candidates and rng.random() < 0.9 else owner_pk
-            assert last is not None
-            convs.append(
-                (conv_pk, _id("conv", conv_pk, rng), account_pk, channel_pk, contact_pk, status, assignee,
-                 unread if status == "OPEN" else 0, last[0], last[1], last[2], "TEXT", last[3],
-                 "READ" if last[3] == "OUTBOUND" else "RECEIVED", last[1], last[1], start, last[1])
-            )  # fmt: skip
+            conv_channel.append(channel_pk)
+            conv_start.append(start)
+            conv_open.append(is_open)
+            conv_assignee.append(assignee)
+            conv_unread.append(unread if is_open else 0)
         conn.execute("BEGIN")
         # In the contact search index's key order (schema v19, as for messages below).
         contacts.sort(key=lambda c: (c[3], -c[0]))
         conn.executemany("INSERT INTO contacts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", contacts)
+        conn.execute("COMMIT")
+        _progress(len(conv_start), conversations, started, "contacts, and when each message comes")
+    print(file=sys.stderr)
+    # A message's pk is its rank in time (ties in the order made: a conversation's messages
+    # that share a time keep theirs).
+    order = sorted(range(len(msg_at)), key=msg_at.__getitem__)
+
+    # 2. The messages, in pk order, a batch at a time.
+    total = len(order)
+    last: list[tuple[int, int, str, str] | None] = [None] * conversations
+    started = time.perf_counter()
+    for first in range(0, total, batch * 10):
+        msgs = []
+        for pk in range(first + 1, min(first + batch * 10, total) + 1):
+            m = order[pk - 1]
+            c = msg_conv[m]
+            direction = "INBOUND" if msg_inbound[m] else "OUTBOUND"
+            content = text.message()
+            at = msg_at[m]
+            msgs.append(
+                (pk, _id("msg", pk, rng), account_pk, c + 1, conv_channel[c], direction, "TEXT", 0,
+                 content, "READ" if direction == "OUTBOUND" else "RECEIVED", at)
+            )  # fmt: skip
+            last[c] = (pk, at, content[:200], direction)  # (the last one made stays)
+        # In the message search index's key order (schema v18: channel, then message newest
+        # first): FTS5 writes out what it holds each time that key goes down, so messages of
+        # random channels one after the other, or one channel's messages oldest first, would
+        # write a segment for nearly every message.
+        msgs.sort(key=lambda m: (m[4], -m[0]))
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction,"
+            " type, is_system, content, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            msgs,
+        )
+        conn.execute("COMMIT")
+        _progress(first + len(msgs), total, started, "messages")
+    print(file=sys.stderr)
+    del order, msg_at, msg_conv, msg_inbound
+
+    # 3. The conversations.
+    started = time.perf_counter()
+    for first in range(0, conversations, batch):
+        convs = []
+        for c in range(first, min(first + batch, conversations)):
+            last_pk, last_at, preview, direction = last[c]  # type: ignore[misc]  # (one each)
+            convs.append(
+                (c + 1, _id("conv", c + 1, rng), account_pk, conv_channel[c], c + 1,
+                 "OPEN" if conv_open[c] else "CLOSED", conv_assignee[c], conv_unread[c], last_pk,
+                 last_at, preview, "TEXT", direction,
+                 "READ" if direction == "OUTBOUND" else "RECEIVED", last_at, last_at,
+                 conv_start[c], last_at)
+            )  # fmt: skip
+        conn.execute("BEGIN")
         conn.executemany(
             "INSERT INTO conversations (pk, id, account_pk, channel_pk, contact_pk, status,"
             " assigned_to_pk, unread_count, last_message_pk, last_message_at,"
@@ -187,18 +247,8 @@ def import_history(
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             convs,
         )
-        # In the message search index's key order (schema v18: channel, then message newest
-        # first): FTS5 writes out what it holds each time that key goes down, so conversations
-        # of random channels one after the other, or one channel's messages oldest first, would
-        # write a segment for nearly every message.
-        msgs.sort(key=lambda m: (m[4], -m[0]))
-        conn.executemany(
-            "INSERT INTO messages (pk, id, account_pk, conversation_pk, channel_pk, direction,"
-            " type, is_system, content, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            msgs,
-        )
         conn.execute("COMMIT")
-        _progress(made_messages, messages, started, "messages")
+        _progress(first + len(convs), conversations, started, "conversations")
     print(file=sys.stderr)
     conn.execute("PRAGMA optimize")
     conn.close()
