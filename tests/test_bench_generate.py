@@ -1,0 +1,51 @@
+"""``bench generate``'s store: laid out as a store filled over time would be (bench/HISTORY.md,
+forty-first session, item 4)."""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+from pathlib import Path
+
+from bench import generate
+
+
+def test_messages_are_numbered_in_time_order_across_conversations(tmp_path: Path) -> None:
+    data = tmp_path / "store"
+    args = argparse.Namespace(
+        data=str(data), conversations=300, messages=3000, channels=3, operators=4, seed=7
+    )
+    assert generate.run(args) == 0
+    conn = sqlite3.connect(data / "inboxd.db")
+    assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 3000
+    assert conn.execute("SELECT count(*) FROM conversations").fetchone()[0] == 300
+    # A message's pk (which orders the table and its id) follows its time, whatever its
+    # conversation: no message comes before the one numbered just ahead of it.
+    assert not conn.execute(
+        "SELECT count(*) FROM messages a JOIN messages b ON b.pk = a.pk + 1"
+        " WHERE b.created_at < a.created_at OR b.id < a.id"
+    ).fetchone()[0]
+    # So conversations' messages lie among each other's: numbered one conversation after
+    # another, every conversation's messages would be consecutive (none apart). So few
+    # conversations over two years seldom overlap (a message every few hours each); ten
+    # million messages put about two thousand others between two of one conversation's.
+    apart = conn.execute(
+        "SELECT count(*) FROM (SELECT pk - lag(pk) OVER (PARTITION BY conversation_pk"
+        " ORDER BY pk) AS gap FROM messages) WHERE gap > 1"
+    ).fetchone()[0]
+    assert apart >= 100
+    # Each conversation's last message is its newest, and its list fields say so.
+    assert not conn.execute(
+        "SELECT count(*) FROM conversations c JOIN messages m ON m.pk = c.last_message_pk"
+        " WHERE m.conversation_pk <> c.pk OR m.created_at <> c.last_message_at"
+        " OR m.direction <> c.last_message_direction"
+        " OR c.last_message_pk <> (SELECT max(pk) FROM messages WHERE conversation_pk = c.pk)"
+    ).fetchone()[0]
+    assert not conn.execute(
+        "SELECT count(*) FROM conversations c WHERE NOT EXISTS"
+        " (SELECT 1 FROM messages m WHERE m.pk = c.last_message_pk)"
+    ).fetchone()[0]
+    # The maintained counters and the wire rows cover every conversation.
+    assert conn.execute("SELECT sum(n) FROM conversation_counts").fetchone()[0] == 300
+    assert conn.execute("SELECT count(*) FROM conversation_wire").fetchone()[0] == 300
+    conn.close()
