@@ -11,7 +11,9 @@ event journal holds changes, and an import is not one.
 
 Text is realistic (chat phrases, real English words drawn Zipf-like, names, order numbers, phone
 numbers); about a third of the conversations are "imported" with times rounded to the hour, so
-many rows share one timestamp. The keys the benchmarks use are written to DIR/bench.json.
+many rows share one timestamp. Messages are numbered in the order of their times across all
+conversations, as live traffic numbers them (``import_history``). The keys the benchmarks use
+are written to DIR/bench.json.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import Final
 
 from bench.common import search_indexes_up_to_date
 from bench.corpus import Text
@@ -100,6 +103,10 @@ def _id(prefix: str, pk: int, rng: random.Random) -> str:
     return f"{prefix}_{pk:012x}{rng.getrandbits(32):08x}"
 
 
+# A message's status as imported, by its direction.
+_STATUS_OF: Final = {"INBOUND": "RECEIVED", "OUTBOUND": "READ"}
+
+
 def import_history(
     path: Path, info: dict[str, object], conversations: int, messages: int, rng: random.Random
 ) -> None:
@@ -108,14 +115,16 @@ def import_history(
     Messages are numbered (their ``pk``, which orders the table and their ids) in the order of
     their times across all conversations, as live traffic numbers them, and not conversation
     by conversation: a conversation's newest messages then lie among other conversations' in
-    the table, as in a store filled over time, and a page of its history reads about as many
-    table pages as messages. Numbered one conversation after another (as until the
-    forty-first session), a fresh store kept them side by side and its history pages cost the
-    serving thread about two thirds of what they cost once a store had lived
-    (bench/HISTORY.md, forty-first session, item 4).
+    the table, as in a store filled over time (ten million messages over two years put about
+    two thousand others between two of one conversation's that are hours apart, by
+    reckoning). Numbered one conversation after another (as until the forty-first session), a
+    fresh store kept them side by side and its history pages cost the serving thread about two
+    thirds of what they cost once a store had lived (bench/HISTORY.md, forty-first session,
+    item 4).
 
     1. Each conversation's channel, contact, size, message times and directions (contacts
-       inserted as they come); then every message's place in time.
+       inserted as they come); then every message's place in time (the total exactly as
+       asked, where there are at least as many messages as conversations).
     2. The messages in that order, a batch at a time.
     3. The conversations, with their last messages."""
     conn = sqlite3.connect(path, isolation_level=None)
@@ -141,7 +150,9 @@ def import_history(
     conv_start = array.array("q")
     conv_open = array.array("b")
     conv_assignee: list[int | None] = []
-    conv_unread = array.array("i")
+    conv_unread = array.array("i")  # (its trailing inbound messages, open or not)
+    conv_imported = array.array("b")
+    conv_last_at = array.array("q")
     msg_at = array.array("q")
     msg_conv = array.array("i")
     msg_inbound = array.array("b")
@@ -180,7 +191,9 @@ def import_history(
             conv_start.append(start)
             conv_open.append(is_open)
             conv_assignee.append(assignee)
-            conv_unread.append(unread if is_open else 0)
+            conv_unread.append(unread)
+            conv_imported.append(imported)
+            conv_last_at.append(at)
         conn.execute("BEGIN")
         # In the contact search index's key order (schema v19, as for messages below).
         contacts.sort(key=lambda c: (c[3], -c[0]))
@@ -188,9 +201,21 @@ def import_history(
         conn.execute("COMMIT")
         _progress(len(conv_start), conversations, started, "contacts, and when each message comes")
     print(file=sys.stderr)
+    # Sizes drawn that fell short of the total asked: one message more for as many
+    # conversations drawn at random, each its newest.
+    for _ in range(messages - len(msg_at)):
+        c = rng.randrange(conversations)
+        at = conv_last_at[c] + (0 if conv_imported[c] else rng.randint(1, 6 * 3600) * 1_000_000)
+        inbound = rng.random() < 0.55
+        conv_last_at[c] = at
+        conv_unread[c] = conv_unread[c] + 1 if inbound else 0
+        msg_at.append(at)
+        msg_conv.append(c)
+        msg_inbound.append(inbound)
     # A message's pk is its rank in time (ties in the order made: a conversation's messages
-    # that share a time keep theirs).
-    order = sorted(range(len(msg_at)), key=msg_at.__getitem__)
+    # that share a time keep theirs, an extra one above comes after them). The sort's list
+    # peaks at about 0.75 GB for ten million messages; kept as an array, 40 MB.
+    order = array.array("i", sorted(range(len(msg_at)), key=msg_at.__getitem__))
 
     # 2. The messages, in pk order, a batch at a time.
     total = len(order)
@@ -206,7 +231,7 @@ def import_history(
             at = msg_at[m]
             msgs.append(
                 (pk, _id("msg", pk, rng), account_pk, c + 1, conv_channel[c], direction, "TEXT", 0,
-                 content, "READ" if direction == "OUTBOUND" else "RECEIVED", at)
+                 content, _STATUS_OF[direction], at)
             )  # fmt: skip
             last[c] = (pk, at, content[:200], direction)  # (the last one made stays)
         # In the message search index's key order (schema v18: channel, then message newest
@@ -233,10 +258,9 @@ def import_history(
             last_pk, last_at, preview, direction = last[c]  # type: ignore[misc]  # (one each)
             convs.append(
                 (c + 1, _id("conv", c + 1, rng), account_pk, conv_channel[c], c + 1,
-                 "OPEN" if conv_open[c] else "CLOSED", conv_assignee[c], conv_unread[c], last_pk,
-                 last_at, preview, "TEXT", direction,
-                 "READ" if direction == "OUTBOUND" else "RECEIVED", last_at, last_at,
-                 conv_start[c], last_at)
+                 "OPEN" if conv_open[c] else "CLOSED", conv_assignee[c],
+                 conv_unread[c] if conv_open[c] else 0, last_pk, last_at, preview, "TEXT",
+                 direction, _STATUS_OF[direction], last_at, last_at, conv_start[c], last_at)
             )  # fmt: skip
         conn.execute("BEGIN")
         conn.executemany(

@@ -63,7 +63,7 @@ from inboxd.store.db import (
     run_batch,
     writer_connection,
 )
-from inboxd.store.warm import files_of, memory_for_warming, read_through, worth_warming
+from inboxd.store.warm import memory_for_warming, read_through, store_bytes, worth_warming
 
 CONNECTIONS = 32
 
@@ -252,7 +252,7 @@ def store_in_memory(data: Path) -> dict[str, Any]:
     available). The targets' runs in BENCHMARKS.md had the store held; every run's write rows
     grow it (their SYSTEM messages and events), so a store used for many runs may outgrow
     that, and then its reads come from the disk."""
-    size = sum(p.stat().st_size for p in files_of(db_path(data)))
+    size = store_bytes(db_path(data))
     available = memory_for_warming()
     return {
         "store_bytes": size,
@@ -261,14 +261,16 @@ def store_in_memory(data: Path) -> dict[str, Any]:
     }
 
 
+def _bytes(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 def store_in_memory_note(fit: dict[str, Any]) -> str:
     """``store_in_memory``'s answer, as the table says it."""
-    size = f"{fit['store_bytes'] / 1e9:.1f} GB with its WAL"
+    size = f"{_bytes(fit['store_bytes'])} with its WAL"
     if fit["available_bytes"] is None:
         return f"{size}; the memory available is not known here, so it is not held in memory"
-    limit = (
-        f"{size}; the daemon holds at most half the {fit['available_bytes'] / 1e9:.1f} GB available"
-    )
+    limit = f"{size}; the daemon holds at most half the {_bytes(fit['available_bytes'])} available"
     if fit["held"]:
         return f"{limit}: held in memory"
     return (

@@ -21,10 +21,11 @@ allow it all (``RLIMIT_MEMLOCK``, which inboxd.service lifts, or ``CAP_IPC_LOCK`
 locked, and the start-up log line says how much was not, and why. ``server.lock_code = false``
 turns it off.
 
-The writer child's code is kept with the daemon's: the child maps no file the daemon has not
-(a test checks it), and a page of a file is one page in memory however many processes map it,
-so a page locked by the daemon stays for the child too (the kernel does not reclaim a locked
-page, whoever else maps it). What the child has written of those mappings (its own copies of
+The writer child's code is kept with the daemon's, as far as the daemon's lock reaches (all of
+it where the memory-lock limit allows): the child maps no file the daemon has not (a test
+checks it), and a page of a file is one page in memory however many processes map it, so a page
+locked by the daemon stays for the child too (the kernel does not reclaim a locked page,
+whoever else maps it). What the child has written of those mappings (its own copies of
 relocated data) is its anonymous memory, like its heap.
 """
 

@@ -20,6 +20,7 @@ import pytest
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
+from bench.common import child_pid
 from inboxd import daemon, resident
 from inboxd.errors import StoreError
 from tests.conftest import Seed, test_config
@@ -347,20 +348,6 @@ def _locked_kib(pid: int) -> int:
     return int(line.split()[1])
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat_line = (entry / "stat").read_text()
-            except OSError:  # (gone meanwhile)
-                continue
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses
-            if int(stat_line.rpartition(")")[2].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def _code_files(pid: int) -> set[str]:
     """The files whose private mappings resident.py locks, as process ``pid`` maps them."""
     maps = Path(f"/proc/{pid}/maps").read_text(errors="surrogateescape")
@@ -383,13 +370,9 @@ def test_the_daemon_locks_its_code_in_memory_and_says_so(tmp_path: Path) -> None
         f"{url}/api/v1/inbox/keys", headers={"Authorization": f"Bearer {owner['apiKey']}"}
     )
     assert made.status_code == 201, made.text
-    writers = [
-        pid
-        for pid in _children(proc.pid)
-        if b"inboxd.store.writer" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-    assert len(writers) == 1
-    writer_files = _code_files(writers[0])
+    writer = child_pid(proc.pid, b"inboxd.store.writer")
+    assert writer is not None
+    writer_files = _code_files(writer)
     assert any("python" in f for f in writer_files)  # (the interpreter, at least)
     # The first look locks one mapping after another, in a worker thread: wait until the count
     # stands still (or, where nothing may be locked, 10 s).

@@ -462,6 +462,11 @@ def files_of(db: Path) -> list[Path]:
     return [p for p in (db, Path(f"{db}-wal")) if p.exists()]
 
 
+def store_bytes(db: Path) -> int:
+    """The size of the database file and its write-ahead log, as warming counts it."""
+    return sum(p.stat().st_size for p in files_of(db))
+
+
 def worth_warming(size: int, available: int | None) -> bool:
     return available is not None and size <= available * MAX_SHARE_OF_AVAILABLE
 
@@ -529,7 +534,7 @@ async def _warm(
 ) -> None:
     try:
         files = files_of(db)
-        size = sum(p.stat().st_size for p in files)
+        size = store_bytes(db)
     except OSError as exc:  # a WAL checkpointed away between the two looks, say
         log.warning("could not warm the page cache", extra={"error": str(exc)})
         task_status.started(None)
