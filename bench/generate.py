@@ -114,13 +114,11 @@ def import_history(
 
     Messages are numbered (their ``pk``, which orders the table and their ids) in the order of
     their times across all conversations, as live traffic numbers them, and not conversation
-    by conversation: a conversation's newest messages then lie among other conversations' in
-    the table, as in a store filled over time (ten million messages over two years put about
-    two thousand others between two of one conversation's that are hours apart, by
-    reckoning). Numbered one conversation after another (as until the forty-first session), a
-    fresh store kept them side by side and its history pages cost the serving thread about two
-    thirds of what they cost once a store had lived (bench/HISTORY.md, forty-first session,
-    item 4).
+    by conversation (as until the forty-first session): a conversation's messages then lie
+    among other conversations' in the table, as in a store filled over time (ten million
+    messages over two years put about two thousand others between two of one conversation's
+    that are hours apart, by reckoning). The history page's figures did not move with it
+    (bench/HISTORY.md, forty-first session, item 5).
 
     1. Each conversation's channel, contact, size, message times and directions (contacts
        inserted as they come); then every message's place in time (the total exactly as
