@@ -63,7 +63,13 @@ from inboxd.store.db import (
     run_batch,
     writer_connection,
 )
-from inboxd.store.warm import memory_for_warming, read_through, store_bytes, worth_warming
+from inboxd.store.warm import (
+    files_of,
+    memory_for_warming,
+    read_through,
+    store_bytes,
+    worth_warming,
+)
 
 CONNECTIONS = 32
 
@@ -252,7 +258,7 @@ def store_in_memory(data: Path) -> dict[str, Any]:
     available). The targets' runs in BENCHMARKS.md had the store held; every run's write rows
     grow it (their SYSTEM messages and events), so a store used for many runs may outgrow
     that, and then its reads come from the disk."""
-    size = store_bytes(db_path(data))
+    size = store_bytes(files_of(db_path(data)))
     available = memory_for_warming()
     return {
         "store_bytes": size,

@@ -462,9 +462,9 @@ def files_of(db: Path) -> list[Path]:
     return [p for p in (db, Path(f"{db}-wal")) if p.exists()]
 
 
-def store_bytes(db: Path) -> int:
-    """The size of the database file and its write-ahead log, as warming counts it."""
-    return sum(p.stat().st_size for p in files_of(db))
+def store_bytes(files: list[Path]) -> int:
+    """The size of a store's files (``files_of``), as warming counts it."""
+    return sum(p.stat().st_size for p in files)
 
 
 def worth_warming(size: int, available: int | None) -> bool:
@@ -534,7 +534,7 @@ async def _warm(
 ) -> None:
     try:
         files = files_of(db)
-        size = store_bytes(db)
+        size = store_bytes(files)
     except OSError as exc:  # a WAL checkpointed away between the two looks, say
         log.warning("could not warm the page cache", extra={"error": str(exc)})
         task_status.started(None)
