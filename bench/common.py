@@ -217,6 +217,13 @@ def loop_disk_waits(base: str) -> float | None:
     return daemon_metric(base, "inboxd_store_loop_disk_waits_total")
 
 
+def offloaded_reads(base: str) -> float | None:
+    """Reads the daemon ran in a worker thread rather than on the trio thread: over the inline
+    budget, after a disk wait, during a warm-up, or sent there for a second after one of those
+    (inboxd/store/db.py). None from a revision without the count."""
+    return daemon_metric(base, 'inboxd_store_reads_total{on="worker_thread"}')
+
+
 def child_pid(pid: int, marker: bytes) -> int | None:
     """The pid of a child of process ``pid`` whose command line holds ``marker`` (the daemon's
     writer process or page-cache keeper; /proc, Linux), if it has one. By each process's parent

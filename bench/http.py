@@ -48,6 +48,7 @@ from bench.common import (
     commits_between,
     daemon_metric,
     loop_disk_waits,
+    offloaded_reads,
     report,
     search_indexes_up_to_date,
     thread_cpu_seconds,
@@ -785,6 +786,7 @@ def run(args: argparse.Namespace) -> int:
     read_seconds: dict[str, float] = {}
     write_targets: dict[str, list[str]] = {}
     row_waits: dict[str, float] = {}  # loop disk waits while each row ran (its warm-up too)
+    row_offloaded: dict[str, float] = {}  # reads run in worker threads while each row ran
     # A write row's batches' COMMITs (the WAL's fsync) over its recorded slices: a disk that
     # stalls holds every write of the batch, and those queued behind it, for as long.
     row_commits: dict[str, dict[str, Any]] = {}
@@ -844,6 +846,7 @@ def run(args: argparse.Namespace) -> int:
                 store_files = [db_path(data), Path(f"{db_path(data)}-wal")]
                 read_seconds[name] = round(timed(read_through, store_files), 2)
             waits_before = loop_disk_waits(base)
+            offloaded_before = offloaded_reads(base)
             slices = max(1, int(args.seconds // 3))
             each = max(1.0, args.seconds / slices)
             mine, theirs, patches, sized = [], [], [], []
@@ -880,6 +883,9 @@ def run(args: argparse.Namespace) -> int:
             waits_after = loop_disk_waits(base)
             if waits_before is not None and waits_after is not None:
                 row_waits[name] = waits_after - waits_before
+            offloaded_after = offloaded_reads(base)
+            if offloaded_before is not None and offloaded_after is not None:
+                row_offloaded[name] = offloaded_after - offloaded_before
             if commits_before is not None and (commits_after := commit_buckets(base)):
                 row_commits[name] = commits_between(commits_before, commits_after)
 
@@ -1050,6 +1056,22 @@ def run(args: argparse.Namespace) -> int:
                 f" {mark('loop disk waits over the run')}",
             )
         )
+    if row_offloaded:
+        sent = {name: n for name, n in row_offloaded.items() if n}
+        rows.append(
+            (
+                "reads in worker threads",
+                f"{sum(row_offloaded.values()):,.0f}",
+                "the rows' reads that the daemon ran off the trio thread: over the thread's budget"
+                " (5 ms of CPU, 25 ms) or on a busy store, after a disk wait, during a warm-up,"
+                " or for the second after one of those (inboxd/store/db.py)"
+                + (
+                    ": " + ", ".join(f"{n:,.0f} in {name}" for name, n in sent.items())
+                    if sent
+                    else ""
+                ),
+            )
+        )
     for size, figures in search.items():
         _, conversations_in_it = ids["search_channels"][size]
         rows.append(
@@ -1112,6 +1134,7 @@ def run(args: argparse.Namespace) -> int:
                 name: standard_error(shares) for name, shares in slice_shares.items()
             },
             "loop_disk_waits_by_row": row_waits,
+            "offloaded_reads_by_row": row_offloaded,
             "commits_by_row": row_commits,
             "loop_disk_wait_functions": [function for function, _ in waited_in],
             "loop_disk_wait_major_faults": [faults for _, faults in waited_in],
