@@ -127,7 +127,10 @@ def _rotated_paths(ids: dict[str, Any]) -> dict[str, list[str]]:
     convs = ids["conversations"][:500]
     return {
         "read": [f"/api/v1/inbox/conversations/{c}" for c in convs],
-        "history": [f"/api/v1/inbox/conversations/{c}/messages?limit=50" for c in convs],
+        "history": [
+            f"/api/v1/inbox/conversations/{c}/messages?limit=50"
+            for c in ids["history_conversations"]
+        ],
     }
 
 

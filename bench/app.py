@@ -181,7 +181,7 @@ async def _measure_logging_to(args: argparse.Namespace, log_file: Any) -> dict[s
                 "/api/v1/inbox/conversations", key, b"limit=50&tab=unassigned"
             ),
             "history page (50)": _scope(
-                f"/api/v1/inbox/conversations/{conversation}/messages", key
+                f"/api/v1/inbox/conversations/{ids['history_conversations'][0]}/messages", key
             ),
         }
         bare_scope = _scope("/ceiling", [])
