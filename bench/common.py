@@ -145,11 +145,24 @@ def page_cache_reclaim(admin: Path = DAMON_ADMIN, module: Path = DAMON_RECLAIM) 
     return None
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The processor's name as the kernel reports it (Linux): the machines here change from
+    one session to the next, and their speed with them."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "memory_bytes": meminfo("MemTotal"),
         "platform": platform.platform(),
         "page_cache_reclaim": page_cache_reclaim(),
