@@ -52,6 +52,7 @@ class _StoreCounters(Collector):
         self.in_memory = False
         self.reads = (0, 0)  # (on the trio thread, in worker threads)
         self.commit_times = CommitTimes()
+        self.restart_times = CommitTimes()
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -77,19 +78,20 @@ class _StoreCounters(Collector):
             " the store (inboxd/store/warm.py).",
             value=int(self.in_memory),
         )
-        bounds = [*map(floatToGoString, COMMIT_BUCKETS), "+Inf"]  # ("le" as the library writes it)
-        cumulative, buckets = 0, []
-        for bound, count in zip(bounds, self.commit_times.counts, strict=True):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        yield HistogramMetricFamily(
+        yield _histogram(
             "inboxd_store_commit_seconds",
             "The COMMIT of each batch of writes: its pages appended to the WAL and the fsync"
             " that makes them durable (and, before the checkpointer runs, now and then SQLite's"
             " own checkpoint); every write of the batch waits for it: a slow disk shows here"
             " first (inboxd/store/db.py).",
-            buckets=buckets,
-            sum_value=self.commit_times.total,
+            self.commit_times,
+        )
+        yield _histogram(
+            "inboxd_store_checkpoint_restart_seconds",
+            "Each RESTART checkpoint, which the checkpointer runs once the WAL holds more than"
+            " 64 MiB so that the log starts over: new writes wait while it runs"
+            " (inboxd/store/db.py).",
+            self.restart_times,
         )
         yield CounterMetricFamily(
             "inboxd_store_writer_starts",
@@ -97,6 +99,16 @@ class _StoreCounters(Collector):
             " each that died and was replaced; 0 while the daemon writes from its own process.",
             value=self.writer_starts,
         )
+
+
+def _histogram(name: str, documentation: str, times: CommitTimes) -> HistogramMetricFamily:
+    """A histogram over COMMIT_BUCKETS from counts kept as plain numbers."""
+    bounds = [*map(floatToGoString, COMMIT_BUCKETS), "+Inf"]  # ("le" as the library writes it)
+    cumulative, buckets = 0, []
+    for bound, count in zip(bounds, times.counts, strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=times.total)
 
 
 class Metrics:
@@ -185,12 +197,14 @@ class Metrics:
         writer_starts: int = 0,
         in_memory: bool = False,
         commit_times: CommitTimes | None = None,
+        restart_times: CommitTimes | None = None,
     ) -> bytes:
         self._store.loop_disk_waits = loop_disk_waits
         self._store.reads = reads
         self._store.in_memory = in_memory
         self._store.writer_starts = writer_starts
         self._store.commit_times = commit_times or CommitTimes()
+        self._store.restart_times = restart_times or CommitTimes()
         for state in URL_STATES:
             self.url_states.labels(state).set(url_states.get(state, 0))
         for state in ("filling", "ready"):

@@ -12,6 +12,8 @@ import pytest
 import trio
 
 from inboxd.config import Config
+from inboxd.metrics import Metrics
+from inboxd.store.commit_times import CommitTimes
 from tests.conftest import Seed, ingest, webhook_config
 from tests.receiver import Certs, Receiver
 from tests.test_feed import feed
@@ -221,3 +223,32 @@ async def test_the_write_batches_commits_are_timed(
     assert cumulative[-1] == value(after, f"{name}_count")
     # (a COMMIT here takes well under a second: the three are in the 1 s bucket)
     assert value(after, f"{name}_bucket", le="1.0") == value(before, f"{name}_bucket", le="1.0") + 3
+
+
+def test_the_checkpointers_restarts_are_exported() -> None:
+    """``inboxd_store_checkpoint_restart_seconds``: each RESTART checkpoint holds new writes
+    back while it runs, so its time is every waiting write's (inboxd/store/db.py)."""
+    restarts = CommitTimes()
+    restarts.observe(0.02)
+    restarts.observe(0.3)
+    text = Metrics().exposition(
+        url_states={},
+        own_indexes={},
+        feed_clients=0,
+        supervisors=0,
+        loop_disk_waits=0,
+        reads=(0, 0),
+        restart_times=restarts,
+    )
+    samples = {}
+    for line in text.decode().splitlines():
+        match = _SAMPLE.match(line)
+        if match and match["name"].startswith("inboxd_store_checkpoint_restart_seconds"):
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match["labels"] or ""))
+            samples[(match["name"], labels)] = float(match["value"])
+    name = "inboxd_store_checkpoint_restart_seconds"
+    assert value(samples, f"{name}_bucket", le="0.01") == 0
+    assert value(samples, f"{name}_bucket", le="0.025") == 1
+    assert value(samples, f"{name}_bucket", le="0.5") == 2
+    assert value(samples, f"{name}_count") == 2
+    assert value(samples, f"{name}_sum") == pytest.approx(0.32)

@@ -1116,8 +1116,11 @@ async def test_a_leader_cancelled_as_its_batch_starts_still_commits_the_batch(
 
 
 async def test_the_checkpointer_copies_the_wal_outside_commits(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A log of 1 MiB is past the limit (the write below makes about 6 MB): its RESTART is timed
+    # (inboxd_store_checkpoint_restart_seconds).
+    monkeypatch.setattr(db, "WAL_LIMIT_BYTES", 1 << 20)
     seed = seed_store(tmp_path / "data")
     store = Store.open(seed.data_dir, offload=False)  # MockClock: SQL on the trio thread
     db_file = store.path
@@ -1134,8 +1137,11 @@ async def test_the_checkpointer_copies_the_wal_outside_commits(
             await store.write(many_events)
             # The COMMIT only appended to the WAL: no checkpoint inside it.
             assert db_file.stat().st_size == before
+            assert sum(store.restart_times.counts) == 0
             await trio.sleep(1.5)  # the checkpointer's round
             assert db_file.stat().st_size > before + 3_000 * 2_000
+            assert sum(store.restart_times.counts) == 1
+            assert store.restart_times.total > 0
             nursery.cancel_scope.cancel()
         # Stopped: the writer checkpoints by itself again.
         automatic = store._writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0]

@@ -1280,17 +1280,23 @@ def test_the_database_file_is_synced_before_restart_holds_writes_back(
         )
         limit = 64 * 1024
         writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-        db._checkpoint(checkpointer, limit, database_fd)  # one page or two: under the limit
+        # one page or two: under the limit, and no RESTART to time
+        assert db._checkpoint(checkpointer, limit, database_fd) is None
         assert steps == ["PRAGMA wal_checkpoint(PASSIVE)"]
         steps.clear()
         for _ in range(20):  # past it
             writer.execute("INSERT INTO t VALUES (randomblob(8000))")
-        db._checkpoint(checkpointer, limit, database_fd)
+        held = db._checkpoint(checkpointer, limit, database_fd)
+        # Another PASSIVE round and sync, still holding nothing, for what was committed during
+        # the first sync: RESTART, which holds writes back, is left only what came after.
         assert steps == [
+            "PRAGMA wal_checkpoint(PASSIVE)",
+            f"fdatasync {path.resolve()}",
             "PRAGMA wal_checkpoint(PASSIVE)",
             f"fdatasync {path.resolve()}",
             "PRAGMA wal_checkpoint(RESTART)",
         ]
+        assert held is not None and 0 < held < 5  # how long the RESTART took, in seconds
 
 
 def test_a_failed_head_start_sync_leaves_the_checkpoint_to_restart(

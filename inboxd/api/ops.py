@@ -52,6 +52,7 @@ async def metrics() -> Response:
         writer_starts=0 if st.store.writer_process is None else st.store.writer_process.started,
         in_memory=st.store.in_memory is True,
         commit_times=st.store.all_commit_times(),
+        restart_times=st.store.restart_times,
         reads=(st.store.inline_reads, st.store.offloaded_reads),
     )
     return Response(body, content_type=CONTENT_TYPE)
