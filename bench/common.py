@@ -201,11 +201,22 @@ def commit_buckets(base: str) -> dict[float, float] | None:
     return commit_buckets_in(httpx.get(f"{base}/metrics").text)
 
 
-def commit_buckets_in(exposition: str) -> dict[float, float] | None:
-    """``commit_buckets`` read from the text of a /metrics answer."""
+def restart_buckets(base: str) -> dict[float, float] | None:
+    """The daemon's ``inboxd_store_checkpoint_restart_seconds``, as ``commit_buckets``: the
+    checkpointer's RESTARTs, each holding new writes back while it runs. None where this
+    revision has none."""
+    text = httpx.get(f"{base}/metrics").text
+    return commit_buckets_in(text, "inboxd_store_checkpoint_restart_seconds")
+
+
+def commit_buckets_in(
+    exposition: str, name: str = "inboxd_store_commit_seconds"
+) -> dict[float, float] | None:
+    """``commit_buckets`` read from the text of a /metrics answer (or another histogram over
+    the same buckets, ``name``)."""
     found = {}
     for line in exposition.splitlines():
-        if line.startswith('inboxd_store_commit_seconds_bucket{le="'):
+        if line.startswith(f'{name}_bucket{{le="'):
             found[float(line.split('"')[1])] = float(line.split()[-1])
     return found or None
 

@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
@@ -50,6 +50,7 @@ from bench.common import (
     loop_disk_waits,
     offloaded_reads,
     report,
+    restart_buckets,
     search_indexes_up_to_date,
     thread_cpu_seconds,
     timed,
@@ -437,16 +438,20 @@ end
 """
 
 
-def commits_text(commits: dict[str, Any]) -> str:
-    """A write row's COMMITs as the table shows them."""
+def commits_text(commits: dict[str, Any], kind: str = "COMMIT", note: str = " (fsync)") -> str:
+    """A write row's COMMITs as the table shows them (or, with ``kind``, its checkpointer's
+    RESTARTs, from the same kind of histogram)."""
     count, within = commits["count"], commits["all_within_ms"]
     if not count:
-        return "no COMMIT"
+        return f"no {kind}"
     longest = "some over 1 s" if within is None else f"all within {within:g} ms"
     return (
-        f"{count:,} COMMIT{'s' if count > 1 else ''} (fsync), {longest}:"
+        f"{count:,} {kind}{'s' if count > 1 else ''}{note}, {longest}:"
         f" {commits['over_50_ms']:,} over 50 ms, {commits['over_100_ms']:,} over 100 ms"
     )
+
+
+RESTART_TEXT: Final = {"kind": "RESTART", "note": " (the checkpointer's, writes held)"}
 
 
 def reset_for_writes(data: Path, conversation_ids: list[str]) -> None:
@@ -818,6 +823,9 @@ def run(args: argparse.Namespace) -> int:
     # A write row's batches' COMMITs (the WAL's fsync) over its recorded slices: a disk that
     # stalls holds every write of the batch, and those queued behind it, for as long.
     row_commits: dict[str, dict[str, Any]] = {}
+    # And its checkpointer's RESTARTs, each holding new writes back while it ran (a revision
+    # before the forty-second session's does not time them).
+    row_restarts: dict[str, dict[str, Any]] = {}
     bare = None
     try:
         base = f"http://127.0.0.1:{port}"
@@ -889,6 +897,7 @@ def run(args: argparse.Namespace) -> int:
                 reset_for_writes(data, reset)
             load(base, paths, ids["key"], script, each)  # warm-up, not recorded
             commits_before = commit_buckets(base) if reset else None
+            restarts_before = restart_buckets(base) if reset else None
             for _ in range(slices):
                 theirs.append(on_cpu(bare_pid, ceiling_url, None, None, None, each))
                 if size > 2048:
@@ -916,6 +925,8 @@ def run(args: argparse.Namespace) -> int:
                 row_offloaded[name] = offloaded_after - offloaded_before
             if commits_before is not None and (commits_after := commit_buckets(base)):
                 row_commits[name] = commits_between(commits_before, commits_after)
+            if restarts_before is not None and (restarts_after := restart_buckets(base)):
+                row_restarts[name] = commits_between(restarts_before, restarts_after)
 
         def wanted(name: str) -> bool:
             words = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -1025,6 +1036,8 @@ def run(args: argparse.Namespace) -> int:
             floor += f"; floor {alone:.0f} us alone, {batched:.0f} us batched"
         if name in row_commits:
             floor += "; " + commits_text(row_commits[name])
+        if name in row_restarts:
+            floor += "; " + commits_text(row_restarts[name], **RESTART_TEXT)
         if "thread_cpu_us" in r and "thread_cpu_us" in ceilings[name]:
             floor += (
                 f"; serving thread {r['thread_cpu_us']:.0f} us a request (ceiling's"
@@ -1164,6 +1177,7 @@ def run(args: argparse.Namespace) -> int:
             "loop_disk_waits_by_row": row_waits,
             "offloaded_reads_by_row": row_offloaded,
             "commits_by_row": row_commits,
+            "restarts_by_row": row_restarts,
             "loop_disk_wait_functions": [function for function, _ in waited_in],
             "loop_disk_wait_major_faults": [faults for _, faults in waited_in],
             "machine_steadiness": steadiness,

@@ -10,6 +10,7 @@ from bench.common import commit_buckets_in, commits_between
 from bench.http import (
     _HISTOGRAM_LINE,
     LUA_HISTOGRAM,
+    RESTART_TEXT,
     ceiling_over_too,
     combine,
     commits_text,
@@ -220,6 +221,27 @@ def test_a_write_rows_commits_are_read_from_the_daemons_histogram() -> None:
     assert late == {"count": 1, "over_50_ms": 1, "over_100_ms": 1, "all_within_ms": None}
     assert commits_text(late) == "1 COMMIT (fsync), some over 1 s: 1 over 50 ms, 1 over 100 ms"
     assert commit_buckets_in("inboxd_store_loop_disk_waits_total 0.0\n") is None  # (older)
+
+
+def test_a_write_rows_restarts_are_read_from_the_daemons_histogram() -> None:
+    """Beside the COMMITs, the checkpointer's RESTARTs while the row ran: each held new writes
+    back (``inboxd_store_checkpoint_restart_seconds``)."""
+    restarts = CommitTimes()
+    name = "inboxd_store_checkpoint_restart_seconds"
+    text = Metrics().exposition({}, {}, 0, 0, 0, (0, 0), restart_times=restarts).decode()
+    before = commit_buckets_in(text, name)
+    assert before is not None and set(before.values()) == {0.0}
+    assert commits_text(commits_between(before, before), **RESTART_TEXT) == "no RESTART"
+    for seconds in (0.004, 0.02, 0.06):
+        restarts.observe(seconds)
+    text = Metrics().exposition({}, {}, 0, 0, 0, (0, 0), restart_times=restarts).decode()
+    row = commits_between(before, commit_buckets_in(text, name) or {})
+    assert commits_text(row, **RESTART_TEXT) == (
+        "3 RESTARTs (the checkpointer's, writes held), all within 100 ms:"
+        " 1 over 50 ms, 0 over 100 ms"
+    )
+    assert commit_buckets_in(text) is not None  # the COMMITs' histogram is another
+    assert commit_buckets_in("inboxd_store_commit_seconds_count 0.0\n", name) is None
 
 
 def _exposition(times: CommitTimes) -> bytes:
