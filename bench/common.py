@@ -187,7 +187,8 @@ def report(name: str, rows: list[tuple[str, str, str]], data: dict[str, Any]) ->
 
 
 def daemon_metric(base: str, name: str) -> float | None:
-    """A series without labels from the daemon's /metrics (None where this revision has none)."""
+    """A series from the daemon's /metrics, named as exposed (with its labels, if any, as in
+    ``name{label="value"}``); None where this revision has none."""
     for line in httpx.get(f"{base}/metrics").text.splitlines():
         if line.startswith(f"{name} "):
             return float(line.split()[1])

@@ -322,18 +322,18 @@ def pick(data: Path) -> dict[str, Any]:
         " WHERE m.conversation_pk = c.pk AND m.is_system = 0 LIMIT 51))"
     )
     history_convs: list[str] = []
-    for query in (
+    for query in (  # (each walked only as far as it takes)
         f"SELECT c.id FROM conversations c WHERE c.channel_pk = ? AND {held} = 51"
-        " ORDER BY c.sort_at DESC LIMIT 1500",
+        " ORDER BY c.sort_at DESC",
         f"SELECT c.id FROM conversations c WHERE c.channel_pk = ? ORDER BY {held} DESC,"
-        " c.sort_at DESC LIMIT 1500",
+        " c.sort_at DESC",
     ):
         for (conversation,) in conn.execute(query, (largest_pk,)):
-            if len(history_convs) < 500 and conversation not in writes_change:
+            if len(history_convs) == 500:
+                break
+            if conversation not in writes_change:
                 writes_change.add(conversation)  # (taken: not again from the second query)
                 history_convs.append(conversation)
-        if len(history_convs) == 500:
-            break
     history_convs = history_convs or convs[:500]  # (every one of them written to)
     owner_id = conn.execute("SELECT id FROM users WHERE role = 'OWNER'").fetchone()[0]
     by_size = [
@@ -1103,7 +1103,8 @@ def run(args: argparse.Namespace) -> int:
             (
                 "reads in worker threads",
                 f"{sum(row_offloaded.values()):,.0f}",
-                "the rows' reads that the daemon ran off the trio thread: over the thread's budget"
+                "the rows' reads (their warm-up slices' too) that the daemon ran off the trio"
+                " thread: over the thread's budget"
                 " (5 ms of CPU, 25 ms) or on a busy store, after a disk wait, during a warm-up,"
                 " or for the second after one of those (inboxd/store/db.py)"
                 + (

@@ -89,7 +89,8 @@ class _StoreCounters(Collector):
         yield _histogram(
             "inboxd_store_checkpoint_restart_seconds",
             "Each RESTART checkpoint, which the checkpointer runs once the WAL holds more than"
-            " 64 MiB so that the log starts over: new writes wait while it runs"
+            " 64 MiB so that the log starts over: new writes wait while it runs. Counted also"
+            " when it gives up, after waiting 100 ms for readers, and the log goes on"
             " (inboxd/store/db.py).",
             self.restart_times,
         )

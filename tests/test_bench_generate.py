@@ -56,3 +56,41 @@ def test_messages_are_numbered_in_time_order_across_conversations(
     assert conn.execute("SELECT sum(n) FROM conversation_counts").fetchone()[0] == 300
     assert conn.execute("SELECT count(*) FROM conversation_wire").fetchone()[0] == 300
     conn.close()
+
+
+def test_the_history_row_reads_full_pages_that_no_write_row_changes(tmp_path: Path) -> None:
+    """``bench http``'s history row (and ``bench ab``'s and ``bench app``'s) reads the largest
+    channel's most recent conversations that hold more than 50 messages other than SYSTEM ones
+    and that no write row changes, so that its pages hold 50 messages in every run on a store
+    (bench/HISTORY.md, forty-second session, item 1); on a store with too few of them, the
+    fullest of the rest follow."""
+    from bench.http import pick  # (the store is made first: pick reads it)
+
+    data = tmp_path / "store"
+    args = argparse.Namespace(
+        data=str(data), conversations=2300, messages=40000, channels=1, operators=3, seed=3
+    )
+    assert generate.run(args) == 0
+    ids = pick(data)
+    history = ids["history_conversations"]
+    written = set(ids["conversations"][:1000]) | set(ids["open_conversations"])
+    conn = sqlite3.connect(data / "inboxd.db")
+    held = {
+        conversation: n
+        for conversation, n in conn.execute(
+            "SELECT c.id, count(m.pk) FROM conversations c JOIN messages m"
+            " ON m.conversation_pk = c.pk AND m.is_system = 0 GROUP BY c.pk"
+        )
+    }
+    by_recency = [r[0] for r in conn.execute("SELECT id FROM conversations ORDER BY sort_at DESC")]
+    conn.close()
+    full = [c for c in by_recency if held.get(c, 0) > 50 and c not in written]
+    assert 0 < len(full) < 500  # (this store has some, and too few: both ways are met)
+    assert len(history) == len(set(history)) == 500
+    assert not set(history) & written
+    assert history[: len(full)] == full  # the full ones first, the most recent first
+    rest = [held.get(c, 0) for c in history[len(full) :]]
+    assert rest == sorted(rest, reverse=True)  # then the fullest of the others
+    assert min(rest) >= max(
+        held.get(c, 0) for c in by_recency if c not in written and c not in history
+    )

@@ -419,7 +419,9 @@ def _checkpoint(conn: sqlite3.Connection, limit: int, database_fd: int) -> float
     """A PASSIVE checkpoint; and a RESTART one when the log holds more than ``limit`` bytes of
     frames (WAL_LIMIT_BYTES above). A PASSIVE round may copy all of the log, yet the next write
     goes on at its end while any reader still reads from it, and under steady reads one always
-    does: RESTART waits for them. Returns how long the RESTART took (seconds), None if none ran.
+    does: RESTART waits for them. Returns how long the RESTART took (seconds; also one that gave
+    up waiting for readers, WAL_RESTART_WAIT_MS, which held writes back as long), None if none
+    ran.
 
     RESTART holds new writes back until it is done, and it ends by syncing the database file.
     SQLite syncs that file only in a round that reaches the log's end, so under steady writes
@@ -428,11 +430,13 @@ def _checkpoint(conn: sqlite3.Connection, limit: int, database_fd: int) -> float
     syncs the file first (through ``database_fd``, a descriptor of it kept open: see
     ``Store.database_fd``), holding no lock (bench/HISTORY.md, the thirty-second session). That
     sync takes about 100 ms under the benchmark's writes, and the frames committed meanwhile
-    were RESTART's to copy and sync, with writes held: 13-41 ms a RESTART (by hand, on the
-    generated store, one every 2.4 s). So one more PASSIVE round and sync follow, still holding
-    nothing, and RESTART is left the frames of their last few milliseconds: 3-29 ms, and the
-    p99 of status writes at 32 connections 38.8-44.7 ms against 43.9-52.1 (six rows of 12 s
-    each way; the forty-second session). Commits still share the disk with those syncs."""
+    were RESTART's to copy and sync, with writes held: a median of 22 ms a RESTART, 10 % over
+    33 ms, at most 131 (74 RESTARTs, one every 2.4 s, timed by hand on the generated store
+    under 32 connections' writes). So one more PASSIVE round and sync follow, still holding
+    nothing, and RESTART is left the frames of their last few milliseconds: a median of 12 ms,
+    10 % over 21, at most 43 (70 RESTARTs), and the p99 of status writes 38.8-44.7 ms against
+    43.9-52.1 (six rows of 12 s each way, alternated; bench/HISTORY.md, the forty-second
+    session). Commits still share the disk with those syncs."""
     _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
     if frames * (page_size + _WAL_FRAME_HEADER_BYTES) <= limit:
