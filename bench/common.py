@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
@@ -195,26 +195,23 @@ def daemon_metric(base: str, name: str) -> float | None:
     return None
 
 
-def commit_buckets(base: str) -> dict[float, float] | None:
-    """The daemon's ``inboxd_store_commit_seconds`` histogram: each bucket's bound in seconds
-    (``inf`` for ``+Inf``) and its cumulative count of write batches' COMMITs. None where this
-    revision has none."""
-    return commit_buckets_in(httpx.get(f"{base}/metrics").text)
+RESTART_SECONDS: Final = "inboxd_store_checkpoint_restart_seconds"
 
 
-def restart_buckets(base: str) -> dict[float, float] | None:
-    """The daemon's ``inboxd_store_checkpoint_restart_seconds``, as ``commit_buckets``: the
-    checkpointer's RESTARTs, each holding new writes back while it runs. None where this
-    revision has none."""
+def write_buckets(base: str) -> tuple[dict[float, float] | None, dict[float, float] | None]:
+    """From one /metrics answer, the daemon's ``inboxd_store_commit_seconds`` histogram (each
+    bucket's bound in seconds, ``inf`` for ``+Inf``, and its cumulative count of write batches'
+    COMMITs) and ``inboxd_store_checkpoint_restart_seconds`` (the checkpointer's RESTARTs, each
+    holding new writes back while it ran), the same way. None for one this revision has not."""
     text = httpx.get(f"{base}/metrics").text
-    return commit_buckets_in(text, "inboxd_store_checkpoint_restart_seconds")
+    return commit_buckets_in(text), commit_buckets_in(text, RESTART_SECONDS)
 
 
 def commit_buckets_in(
     exposition: str, name: str = "inboxd_store_commit_seconds"
 ) -> dict[float, float] | None:
-    """``commit_buckets`` read from the text of a /metrics answer (or another histogram over
-    the same buckets, ``name``)."""
+    """``inboxd_store_commit_seconds`` (or another histogram over the same buckets, ``name``)
+    read from the text of a /metrics answer: each bucket's bound and its cumulative count."""
     found = {}
     for line in exposition.splitlines():
         if line.startswith(f'{name}_bucket{{le="'):
@@ -223,7 +220,7 @@ def commit_buckets_in(
 
 
 def commits_between(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
-    """The COMMITs made between two readings of ``commit_buckets``: how many, how many took
+    """The COMMITs made between two readings of ``write_buckets``: how many, how many took
     over 50 and over 100 ms, and the bound within which all of them took (None: over the
     largest bound, or no COMMIT)."""
     made = {bound: after[bound] - before.get(bound, 0.0) for bound in after}

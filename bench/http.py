@@ -44,16 +44,15 @@ import httpx
 from bench import machine
 from bench.common import (
     add_log_level,
-    commit_buckets,
     commits_between,
     daemon_metric,
     loop_disk_waits,
     offloaded_reads,
     report,
-    restart_buckets,
     search_indexes_up_to_date,
     thread_cpu_seconds,
     timed,
+    write_buckets,
 )
 from bench.feed import free_port, start, wait_http
 from inboxd.store import accounts, actions, conversations, messages, shards
@@ -896,8 +895,7 @@ def run(args: argparse.Namespace) -> int:
             if reset:
                 reset_for_writes(data, reset)
             load(base, paths, ids["key"], script, each)  # warm-up, not recorded
-            commits_before = commit_buckets(base) if reset else None
-            restarts_before = restart_buckets(base) if reset else None
+            commits_before, restarts_before = write_buckets(base) if reset else (None, None)
             for _ in range(slices):
                 theirs.append(on_cpu(bare_pid, ceiling_url, None, None, None, each))
                 if size > 2048:
@@ -923,10 +921,12 @@ def run(args: argparse.Namespace) -> int:
             offloaded_after = offloaded_reads(base)
             if offloaded_before is not None and offloaded_after is not None:
                 row_offloaded[name] = offloaded_after - offloaded_before
-            if commits_before is not None and (commits_after := commit_buckets(base)):
-                row_commits[name] = commits_between(commits_before, commits_after)
-            if restarts_before is not None and (restarts_after := restart_buckets(base)):
-                row_restarts[name] = commits_between(restarts_before, restarts_after)
+            if reset:
+                commits_after, restarts_after = write_buckets(base)
+                if commits_before is not None and commits_after is not None:
+                    row_commits[name] = commits_between(commits_before, commits_after)
+                if restarts_before is not None and restarts_after is not None:
+                    row_restarts[name] = commits_between(restarts_before, restarts_after)
 
         def wanted(name: str) -> bool:
             words = [w.strip() for w in args.only.split(",") if w.strip()]

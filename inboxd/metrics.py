@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from inboxd.store.commit_times import COMMIT_BUCKETS, CommitTimes
+from inboxd.store.db import WAL_LIMIT_BYTES, WAL_RESTART_WAIT_MS
 from inboxd.webhooks.policy import URL_STATES
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -89,9 +90,9 @@ class _StoreCounters(Collector):
         yield _histogram(
             "inboxd_store_checkpoint_restart_seconds",
             "Each RESTART checkpoint, which the checkpointer runs once the WAL holds more than"
-            " 64 MiB so that the log starts over: new writes wait while it runs. Counted also"
-            " when it gives up, after waiting 100 ms for readers, and the log goes on"
-            " (inboxd/store/db.py).",
+            f" {WAL_LIMIT_BYTES >> 20} MiB so that the log starts over: new writes wait while it"
+            f" runs. Counted also when it gives up, after waiting {WAL_RESTART_WAIT_MS} ms for"
+            " readers, and the log goes on (inboxd/store/db.py).",
             self.restart_times,
         )
         yield CounterMetricFamily(
